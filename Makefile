@@ -1,0 +1,64 @@
+# One entry point for every stage. `make test` is the README's test command and what CI (.ci/run) runs.
+SHELL := /bin/bash
+VENV  := $(CURDIR)/.venv
+BIN   := $(VENV)/bin
+export PATH := $(BIN):$(PATH)
+export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
+export ANSIBLE_FORCE_COLOR := 0
+export PY_COLORS := 0
+export NO_COLOR := 1
+
+.PHONY: help setup site verify teardown test sanity units pytest lint molecule build changelog argspecs bench freeze clean
+
+help:  ## List the targets
+	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
+
+setup:  ## Toolchain in .venv, kubernetes.core and this collection under .cache/collections
+	@scripts/setup.sh
+
+site: setup  ## The main job: the whole stack on the local default (real vLLM on CPU), then verification
+	$(BIN)/ansible-playbook -i inventories/local playbooks/site.yml
+
+verify: setup  ## The checks alone against the local default (pass -e to point at other endpoints)
+	$(BIN)/ansible-playbook -i inventories/local playbooks/verify.yml
+
+teardown: setup  ## Stop the local engine
+	$(BIN)/ansible-playbook -i inventories/local playbooks/teardown.yml
+
+test: setup  ## Everything below, with a summary; fails if any stage fails
+	@scripts/test_all.sh
+
+sanity: setup  ## ansible-test sanity on a staged copy (no Docker)
+	scripts/ansible_test.sh sanity --local --python 3.11 --color no
+
+units: setup  ## ansible-test units on a staged copy (no Docker)
+	scripts/ansible_test.sh units --local --python 3.11 --color no
+
+pytest: setup  ## pytest: unit, module, integration (synthetic publisher, real engine) and rendered-manifest tests
+	$(BIN)/pytest tests/unit tests/integration
+
+lint: setup  ## ansible-lint, production profile, offline
+	$(BIN)/ansible-lint --offline
+
+molecule: setup  ## Every molecule scenario that can run here; the others are skipped with their reason
+	scripts/molecule.sh
+
+build: setup  ## ansible-galaxy collection build into .cache/dist
+	@mkdir -p .cache/dist
+	$(BIN)/ansible-galaxy collection build --force --output-path .cache/dist
+	@scripts/check_tarball.sh .cache/dist/inference_cache-substrate-*.tar.gz
+
+changelog: setup  ## antsibull-changelog lint
+	$(BIN)/antsibull-changelog lint
+
+argspecs: setup  ## meta/argument_specs.yml of every role matches its defaults/main.yml
+	$(BIN)/python scripts/check_argument_specs.py
+
+bench: setup  ## Benchmarks (print numbers; not part of `make test`)
+	@for b in benchmarks/bench_*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
+
+freeze:  ## Re-pin requirements-dev.txt from the current .venv
+	{ echo "# Pinned development toolchain (controller). Regenerate with: make freeze"; $(BIN)/pip freeze | grep -v '^pip=='; } > requirements-dev.txt
+
+clean:  ## Remove build and test output (keeps .venv and the local engine's state)
+	rm -rf .cache/stage .cache/dist tests/output collections

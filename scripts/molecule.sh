@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Run every molecule scenario under extensions/molecule/ that can run on this machine.
+# A scenario that needs more than this machine has (a Docker engine, kind, a GPU) carries a preflight.sh:
+# when it exits non-zero, the scenario is skipped and its output is printed as the reason. Nothing else skips.
+# Usage: scripts/molecule.sh [scenario ...]
+set -uo pipefail
+cd "$(dirname "$0")/.."
+export PATH=$PWD/.venv/bin:$PATH
+if [ $# -gt 0 ]; then scenarios=("$@"); else
+  mapfile -t scenarios < <(for f in extensions/molecule/*/molecule.yml; do basename "$(dirname "$f")"; done)
+fi
+passed=() failed=() skipped=()
+for s in "${scenarios[@]}"; do
+  dir=extensions/molecule/$s
+  if [ ! -f "$dir/molecule.yml" ]; then echo "molecule: no scenario named $s under extensions/molecule"; failed+=("$s"); continue; fi
+  if [ -x "$dir/preflight.sh" ]; then
+    if ! reason=$("$dir/preflight.sh" 2>&1); then
+      echo "SKIPPED molecule scenario '$s': $reason"
+      skipped+=("$s"); continue
+    fi
+  fi
+  echo "----- molecule test -s $s"
+  if molecule test -s "$s"; then passed+=("$s"); else failed+=("$s"); fi
+done
+echo "molecule: ${#passed[@]} passed (${passed[*]:-}), ${#failed[@]} failed (${failed[*]:-}), ${#skipped[@]} skipped (${skipped[*]:-})"
+[ "${#failed[@]}" -eq 0 ]

@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# Set up the controller toolchain for this repository, idempotently:
+#   .venv/                       pinned development toolchain (requirements-dev.txt)
+#   .cache/collections/          kubernetes.core (Galaxy, or the copy inside the PyPI `ansible` wheel)
+#                                and this collection, linked in as inference_cache.substrate
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+PYTHON=${PYTHON:-python3}
+VENV=$ROOT/.venv
+COLL=$ROOT/.cache/collections
+# kubernetes.core comes from Galaxy when reachable; otherwise from this release of the `ansible` package.
+ANSIBLE_PKG_VERSION=${ANSIBLE_PKG_VERSION:-12.3.0}
+
+say() { printf '[setup] %s\n' "$*"; }
+
+# 1. Virtual environment with the pinned toolchain (skipped when requirements-dev.txt is unchanged).
+stamp=$VENV/.requirements-dev.sha256
+want=$(sha256sum requirements-dev.txt | cut -d' ' -f1)
+if [ ! -x "$VENV/bin/python" ] || [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
+  say "creating $VENV with $($PYTHON --version 2>&1)"
+  "$PYTHON" -m venv "$VENV"
+  # (grep drops pip's notes about empty local index folders on some machines)
+  "$VENV/bin/python" -m pip install --quiet -r requirements-dev.txt 2>&1 | { grep -v 'is ignored: it is neither' || true; }
+  [ "${PIPESTATUS[0]}" -eq 0 ] || { echo "[setup] pip could not install requirements-dev.txt"; exit 1; }
+  echo "$want" > "$stamp"
+else
+  say "toolchain up to date in $VENV"
+fi
+
+# 2. shellcheck, which ansible-test sanity uses for shell scripts (Debian package; installed when we are root).
+if ! command -v shellcheck >/dev/null 2>&1; then
+  if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
+    say "installing shellcheck (Debian package)"
+    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq shellcheck; } >/dev/null 2>&1 \
+      || say "could not install shellcheck: ansible-test sanity will skip its shellcheck test"
+  else
+    say "shellcheck not found: install it (e.g. apt-get install shellcheck) or ansible-test sanity skips that test"
+  fi
+fi
+
+# 3. kubernetes.core.
+mkdir -p "$COLL/ansible_collections"
+if [ -f "$COLL/ansible_collections/kubernetes/core/MANIFEST.json" ]; then
+  say "kubernetes.core already present"
+elif timeout 60 "$VENV/bin/ansible-galaxy" collection install -r requirements.yml -p "$COLL" >/dev/null 2>&1; then
+  say "kubernetes.core installed from Galaxy"
+else
+  say "Galaxy unreachable: extracting kubernetes.core from the PyPI ansible==$ANSIBLE_PKG_VERSION wheel"
+  wheels=$ROOT/.cache/wheels
+  mkdir -p "$wheels"
+  "$VENV/bin/python" -m pip download --quiet --no-deps -d "$wheels" "ansible==$ANSIBLE_PKG_VERSION"
+  "$VENV/bin/python" - "$wheels/ansible-$ANSIBLE_PKG_VERSION-py3-none-any.whl" "$COLL" <<'PY'
+import sys, zipfile
+wheel, dest = sys.argv[1], sys.argv[2]
+prefix = "ansible_collections/kubernetes/core/"
+with zipfile.ZipFile(wheel) as zf:
+    members = [m for m in zf.namelist() if m.startswith(prefix)]
+    if not members:
+        sys.exit(f"{wheel} holds no {prefix}: pick another ANSIBLE_PKG_VERSION")
+    zf.extractall(dest, members)
+print(f"[setup] extracted {len(members)} files of kubernetes.core")
+PY
+fi
+
+# 4. This collection, linked in so playbooks and pytest find inference_cache.substrate.
+mkdir -p "$COLL/ansible_collections/inference_cache"
+link=$COLL/ansible_collections/inference_cache/substrate
+if [ "$(readlink "$link" 2>/dev/null)" != "$ROOT" ]; then
+  rm -rf "$link"
+  ln -s "$ROOT" "$link"
+fi
+say "collections under $COLL: $(cd "$COLL/ansible_collections" && echo */*)"
