@@ -1,0 +1,182 @@
+# -*- coding: utf-8 -*-
+# Copyright (c) inference_cache.substrate contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+# PRIVATE to the inference_cache.substrate collection: the names here may change without notice.
+
+"""GPU memory planning for a decoder-only transformer served by vLLM or SGLang.
+
+Plain Python without any Ansible import. The arithmetic:
+
+* weights            = parameters x bytes(dtype)                       (split evenly over TP ranks)
+* KV bytes per token = 2 (K and V) x layers x kv_heads x head_dim x bytes(kv dtype)
+  per TP rank the KV heads are split, and replicated when TP > kv_heads: ceil(kv_heads / tp) heads each
+* usable per GPU     = gpu_memory x gpu_memory_utilization - reserved (activations, CUDA graphs, runtime)
+* the smallest TP (a power of two dividing the attention heads, at most ``max_gpus``) whose weights share
+  plus KV for ``max_model_len x max_num_seqs`` tokens fits in the usable memory is chosen.
+
+Multi-head latent attention (DeepSeek MLA), sliding-window and hybrid models need other formulas:
+the result is then an upper bound.
+"""
+
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type  # pylint: disable=invalid-name
+
+import math
+import re
+
+GIB = 1024 ** 3
+
+DTYPE_BYTES = {
+    "float32": 4, "fp32": 4,
+    "float16": 2, "fp16": 2, "half": 2, "bfloat16": 2, "bf16": 2,
+    "float8": 1, "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1, "int8": 1,
+    "int4": 0.5,
+}
+
+_SIZE_RE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([a-zA-Z]*)\s*$")
+_BYTE_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "m": 1000 ** 2, "mb": 1000 ** 2, "g": 1000 ** 3, "gb": 1000 ** 3,
+               "t": 1000 ** 4, "tb": 1000 ** 4, "kib": 1024, "mib": 1024 ** 2, "gib": GIB, "tib": 1024 ** 4}
+_COUNT_UNITS = {"": 1, "k": 1e3, "m": 1e6, "b": 1e9, "g": 1e9, "t": 1e12}
+
+
+class SizingError(ValueError):
+    """Raised with one clear sentence when the inputs are wrong or the model does not fit."""
+
+    def __init__(self, message, **details):
+        super(SizingError, self).__init__(message)
+        self.details = details
+
+
+def parse_bytes(value, default_unit="gib"):
+    """``80`` (GiB by default), ``"80GiB"``, ``"24 GB"``, ``"81920MiB"`` -> bytes (int)."""
+    if isinstance(value, bool):
+        raise SizingError("Memory size %r is not a number." % (value,))
+    if isinstance(value, (int, float)):
+        return int(value * _BYTE_UNITS[default_unit])
+    match = _SIZE_RE.match(str(value))
+    unit = match.group(2).lower() if match else None
+    if not match or unit not in _BYTE_UNITS:
+        raise SizingError("Memory size %r is not understood; write e.g. 80GiB or 24GB." % (value,))
+    return int(float(match.group(1)) * (_BYTE_UNITS[unit] if unit else _BYTE_UNITS[default_unit]))
+
+
+def parse_count(value):
+    """``8e9``, ``"8B"``, ``"0.5B"``, ``"70b"`` -> number of parameters (int)."""
+    if isinstance(value, bool):
+        raise SizingError("Parameter count %r is not a number." % (value,))
+    if isinstance(value, (int, float)):
+        return int(value)
+    match = _SIZE_RE.match(str(value))
+    unit = match.group(2).lower() if match else None
+    if not match or unit not in _COUNT_UNITS:
+        raise SizingError("Parameter count %r is not understood; write e.g. 8B or 8000000000." % (value,))
+    return int(float(match.group(1)) * _COUNT_UNITS[unit])
+
+
+def dtype_bytes(dtype):
+    key = str(dtype).lower().replace("torch.", "")
+    if key not in DTYPE_BYTES:
+        raise SizingError("Data type %r is not one of %s." % (dtype, ", ".join(sorted(DTYPE_BYTES))))
+    return DTYPE_BYTES[key]
+
+
+def model_shape(config):
+    """Layers, attention heads, KV heads, head size and dtype from a Hugging Face ``config.json`` dict."""
+    if not isinstance(config, dict):
+        raise SizingError("The model config must be a mapping (a Hugging Face config.json).")
+    cfg = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
+    layers = cfg.get("num_hidden_layers", cfg.get("n_layer", cfg.get("num_layers")))
+    heads = cfg.get("num_attention_heads", cfg.get("n_head"))
+    if not layers or not heads:
+        raise SizingError("The model config has no num_hidden_layers or num_attention_heads.")
+    kv_heads = cfg.get("num_key_value_heads") or heads
+    head_dim = cfg.get("head_dim")
+    if not head_dim:
+        hidden = cfg.get("hidden_size", cfg.get("n_embd"))
+        if not hidden:
+            raise SizingError("The model config has neither head_dim nor hidden_size.")
+        head_dim = hidden // heads
+    return {"num_layers": int(layers), "num_attention_heads": int(heads), "num_kv_heads": int(kv_heads),
+            "head_dim": int(head_dim), "dtype": cfg.get("torch_dtype", config.get("torch_dtype", config.get("dtype", "bfloat16")))}
+
+
+def kv_bytes_per_token(shape, kv_dtype_bytes, tp=1):
+    """KV-cache bytes one token occupies on one TP rank."""
+    heads_per_rank = int(math.ceil(shape["num_kv_heads"] / float(tp)))
+    return int(2 * shape["num_layers"] * heads_per_rank * shape["head_dim"] * kv_dtype_bytes)
+
+
+def plan(model_config, parameters, gpu_memory, max_model_len, max_num_seqs=1, dtype=None, kv_cache_dtype="auto",
+         gpu_memory_utilization=0.9, reserved_memory="1GiB", max_gpus=8, tensor_parallel_size=None):
+    """Return a memory plan (a dict) or raise :class:`SizingError` when the request does not fit."""
+    shape = model_shape(model_config)
+    dtype = dtype or shape["dtype"] or "bfloat16"
+    wbytes = dtype_bytes(dtype)
+    kvbytes = wbytes if kv_cache_dtype in (None, "", "auto") else dtype_bytes(kv_cache_dtype)
+    n_params = parse_count(parameters)
+    gpu_bytes = parse_bytes(gpu_memory)
+    reserved = parse_bytes(reserved_memory)
+    if not 0 < float(gpu_memory_utilization) <= 1:
+        raise SizingError("gpu_memory_utilization must be in (0, 1], got %r." % (gpu_memory_utilization,))
+    if int(max_model_len) <= 0 or int(max_num_seqs) <= 0:
+        raise SizingError("max_model_len and max_num_seqs must be positive.")
+    if n_params <= 0:
+        raise SizingError("The parameter count must be positive.")
+    tokens = int(max_model_len) * int(max_num_seqs)
+    usable = int(gpu_bytes * float(gpu_memory_utilization)) - reserved
+    if usable <= 0:
+        raise SizingError("A GPU of %.1f GiB leaves no memory after utilization %.2f and %.1f GiB reserved."
+                          % (gpu_bytes / GIB, float(gpu_memory_utilization), reserved / GIB))
+    weights = int(n_params * wbytes)
+
+    if tensor_parallel_size:
+        candidates = [int(tensor_parallel_size)]
+        if shape["num_attention_heads"] % candidates[0]:
+            raise SizingError("tensor_parallel_size %d does not divide the %d attention heads."
+                              % (candidates[0], shape["num_attention_heads"]))
+    else:
+        candidates = [t for t in (1, 2, 4, 8, 16, 32, 64) if t <= int(max_gpus) and shape["num_attention_heads"] % t == 0]
+
+    per_tp = []
+    chosen = None
+    for tp in candidates:
+        kv_tok = kv_bytes_per_token(shape, kvbytes, tp)
+        need = weights // tp + kv_tok * tokens
+        free_for_kv = usable - weights // tp
+        fit_tokens = max(0, free_for_kv // kv_tok) if kv_tok else 0
+        row = {"tensor_parallel_size": tp, "weights_bytes_per_gpu": weights // tp, "kv_cache_bytes_per_token_per_gpu": kv_tok,
+               "kv_cache_bytes_per_gpu": kv_tok * tokens, "required_bytes_per_gpu": need, "usable_bytes_per_gpu": usable,
+               "max_tokens_fit": int(fit_tokens), "fits": need <= usable}
+        per_tp.append(row)
+        if row["fits"] and chosen is None:
+            chosen = row
+
+    result = {
+        "model": shape, "dtype": str(dtype), "kv_cache_dtype": str(kv_cache_dtype or "auto"), "parameters": n_params,
+        "weights_bytes": weights, "weights_gib": round(weights / GIB, 2),
+        "kv_cache_bytes_per_token": kv_bytes_per_token(shape, kvbytes, 1),
+        "kv_cache_bytes_required": kv_bytes_per_token(shape, kvbytes, 1) * tokens,
+        "kv_cache_gib_required": round(kv_bytes_per_token(shape, kvbytes, 1) * tokens / GIB, 2),
+        "requested_tokens": tokens, "gpu_memory_bytes": gpu_bytes, "usable_bytes_per_gpu": usable,
+        "candidates": per_tp,
+    }
+    if chosen is None:
+        last = per_tp[-1] if per_tp else None
+        largest = last["tensor_parallel_size"] if last else 0
+        raise SizingError(
+            "The requested context of %d tokens (%d x %d sequences) does not fit: weights %.1f GiB plus KV cache %.1f GiB "
+            "exceed %d GPU(s) of %.1f GiB (%.1f GiB usable each)%s."
+            % (tokens, int(max_model_len), int(max_num_seqs), weights / GIB, result["kv_cache_gib_required"], largest,
+               gpu_bytes / GIB, usable / GIB,
+               "; at most %d tokens fit" % last["max_tokens_fit"] if last else ""),
+            **result)
+    result.update({
+        "tensor_parallel_size": chosen["tensor_parallel_size"],
+        "max_tokens_fit": chosen["max_tokens_fit"],
+        "kv_cache_bytes_per_gpu": chosen["kv_cache_bytes_per_gpu"],
+        "engine_args": ["--tensor-parallel-size", str(chosen["tensor_parallel_size"]), "--max-model-len", str(int(max_model_len))],
+    })
+    return result

@@ -1,0 +1,191 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright (c) inference_cache.substrate contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type  # pylint: disable=invalid-name
+
+DOCUMENTATION = r"""
+module: epp_config_check
+short_description: Check an llm-d router EndpointPickerConfig against the engines it routes to
+version_added: 0.1.0
+description:
+  - Validates an C(EndpointPickerConfig) (llm-d router, C(llm-d.ai/v1alpha1)) without a cluster.
+  - Every C(pluginRef) in scheduling profiles and data-layer sources must name a declared plugin.
+  - A C(prefix-cache-scorer) that names a C(prefixMatchInfoProducerName) must reference a declared prefix-cache producer.
+  - A C(precise-prefix-cache-producer) needs a C(token-producer); its block size, hash seed, topic filter, engine type and
+    pod-discovery port must match the engines (O(engine)); in pod-discovery mode an C(endpoint-notification-source) data
+    source must list it as an extractor.
+  - Deprecated plugin names and fields (C(precise-prefix-cache-scorer), C(tokenizer), C(blockSize), the old apiVersion)
+    are reported as warnings, or as failures with O(fail_on_deprecations=true).
+  - Each problem is one sentence. The module never changes anything.
+author:
+  - inference_cache.substrate contributors (@inference-cache)
+extends_documentation_fragment:
+  - inference_cache.substrate._attributes
+  - inference_cache.substrate._attributes.CHECK
+options:
+  config:
+    description:
+      - The EndpointPickerConfig as a mapping, or as YAML text.
+      - Exactly one of O(config) and O(path) is required.
+    type: raw
+  path:
+    description:
+      - A file holding the EndpointPickerConfig as YAML (for example one the user wrote).
+    type: path
+  engine:
+    description:
+      - What the engines run. Checks whose engine value is omitted are skipped.
+    type: dict
+    default: {}
+    suboptions:
+      block_size:
+        description: The engines' C(--block-size) (SGLang C(--page-size)).
+        type: int
+      hash_seed:
+        description: The engines' C(PYTHONHASHSEED).
+        type: str
+      topic:
+        description:
+          - The engines' KV-event topic, placeholders allowed (for example C(kv@$(POD_IP):8000@Qwen/Qwen3-0.6B)).
+          - The producer's C(topicFilter) must be a prefix of it (ZMQ subscriptions match byte prefixes).
+        type: str
+      kv_events_port:
+        description: The port the engines bind their KV-event publisher on.
+        type: int
+      engine_type:
+        description: The engine kind, which selects the router's event decoder.
+        type: str
+        choices: [vllm, sglang]
+      kv_events_enabled:
+        description: Whether the engines publish KV events at all.
+        type: bool
+        default: true
+  mode:
+    description:
+      - When set, also check that the config implements this scoring mode.
+    type: str
+    choices: [precise, approximate]
+  fail_on_deprecations:
+    description: Treat deprecated names as problems.
+    type: bool
+    default: false
+requirements:
+  - PyYAML (only for O(path) or YAML text)
+seealso:
+  - module: inference_cache.substrate.kv_events_check
+  - name: llm-d router EndpointPickerConfig types
+    description: apix/config/v1alpha1/endpointpickerconfig_types.go
+    link: https://github.com/llm-d/llm-d-router
+"""
+
+EXAMPLES = r"""
+- name: Check the EPP config the router role rendered
+  inference_cache.substrate.epp_config_check:
+    path: /tmp/render/router/epp-config.yaml
+    mode: precise
+    engine:
+      block_size: 32
+      hash_seed: "42"
+      topic: "kv@$(POD_IP):8000@Qwen/Qwen3-0.6B"
+      kv_events_port: 5557
+      engine_type: vllm
+
+- name: Check an inline config and keep going when it is wrong
+  inference_cache.substrate.epp_config_check:
+    config: "{{ lookup('ansible.builtin.file', 'my-epp.yaml') }}"
+  register: epp
+  ignore_errors: true
+"""
+
+RETURN = r"""
+problems:
+  description: One sentence per problem found; the module fails when this is not empty.
+  returned: always
+  type: list
+  elements: str
+  sample: ["Producer precise-prefix-cache-producer uses block size 16 but the engines use --block-size 32."]
+deprecations:
+  description: One sentence per deprecated name or field found.
+  returned: always
+  type: list
+  elements: str
+summary:
+  description: The declared plugin names and, per precise producer, the values it was checked with.
+  returned: always
+  type: dict
+"""
+
+from ansible.module_utils.basic import AnsibleModule, missing_required_lib
+
+from ansible_collections.inference_cache.substrate.plugins.module_utils._epp_config import check_epp_config
+
+try:
+    import yaml
+except ImportError:  # pragma: no cover
+    yaml = None
+
+
+ENGINE_SPEC = dict(
+    block_size=dict(type="int"),
+    hash_seed=dict(type="str", no_log=False),
+    topic=dict(type="str"),
+    kv_events_port=dict(type="int"),
+    engine_type=dict(type="str", choices=["vllm", "sglang"]),
+    kv_events_enabled=dict(type="bool", default=True),
+)
+
+
+def _load(module):
+    config, path = module.params["config"], module.params["path"]
+    if isinstance(config, dict):
+        return config
+    if yaml is None:
+        module.fail_json(msg=missing_required_lib("PyYAML"))
+    try:
+        if path is not None:
+            with open(path, "r") as handle:
+                text = handle.read()
+        else:
+            text = str(config)
+        return yaml.safe_load(text)
+    except (IOError, OSError) as exc:
+        module.fail_json(msg="Cannot read the EndpointPickerConfig file %s: %s." % (path, exc))
+    except yaml.YAMLError as exc:
+        module.fail_json(msg="The EndpointPickerConfig is not valid YAML: %s." % str(exc).replace("\n", " "))
+    return None
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec=dict(
+            config=dict(type="raw"),
+            path=dict(type="path"),
+            engine=dict(type="dict", default={}, options=ENGINE_SPEC),
+            mode=dict(type="str", choices=["precise", "approximate"]),
+            fail_on_deprecations=dict(type="bool", default=False),
+        ),
+        mutually_exclusive=[("config", "path")],
+        required_one_of=[("config", "path")],
+        supports_check_mode=True,
+    )
+    engine = dict((k, v) for k, v in (module.params["engine"] or {}).items() if v is not None)
+    result = check_epp_config(_load(module), engine=engine, mode=module.params["mode"])
+    problems = list(result.problems)
+    if module.params["fail_on_deprecations"]:
+        problems.extend(result.deprecations)
+    else:
+        for sentence in result.deprecations:
+            module.warn(sentence)
+    out = dict(changed=False, problems=problems, deprecations=result.deprecations, summary=result.summary)
+    if problems:
+        module.fail_json(msg="The EndpointPickerConfig has %d problem(s): %s" % (len(problems), " ".join(problems)), **out)
+    module.exit_json(**out)
+
+
+if __name__ == "__main__":
+    main()

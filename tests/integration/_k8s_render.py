@@ -1,0 +1,155 @@
+# -*- coding: utf-8 -*-
+# Copyright (c) inference_cache.substrate contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+"""Helpers of the Kubernetes render tests: the cases, one parallel ansible-playbook run, loading the output.
+
+Each case is an inventory host of its own (connection local) whose host variables are role variables, so
+one ``ansible-playbook playbooks/render.yml`` run renders every case in parallel (forks).
+"""
+
+from __future__ import absolute_import, division, print_function
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+
+import yaml
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+PLAYBOOK = os.path.join(ROOT, "playbooks", "render.yml")
+PINS = os.path.join(ROOT, "vars", "pinned_versions.yml")
+HF_TOKEN = "hf_RenderTestTokenDoNotLeak_7f3c9a"
+
+
+def fake_digest(name):
+    """A well-formed digest for the tests (not a real image): the roles only check the reference's shape."""
+    return "sha256:" + hashlib.sha256(name.encode()).hexdigest()
+
+
+def pinned(name):
+    with open(PINS) as handle:
+        return yaml.safe_load(handle)["images"][name]
+
+
+def image(name):
+    pin = pinned(name)
+    repo = pin["repository"] if "registry" not in pin else pin["registry"] + "/" + pin["repository"]
+    return "%s:%s@%s" % (repo, pin["tag"], fake_digest(name))
+
+
+DIGESTS = {
+    "model_server_image": None,  # per profile, below
+    "router_epp_image": image("epp"),
+    "nvidia_device_plugin_image": image("nvidia_device_plugin"),
+    "nvidia_device_plugin_smoke_image": image("cuda_sample"),
+}
+PROFILE_IMAGE = {"vllm_cpu": image("vllm_cpu"), "vllm_lmcache": image("vllm_lmcache"), "sglang_lmcache": image("sglang")}
+USER_KV_CONFIG = '{"enable_kv_cache_events":true,"publisher":"zmq","endpoint":"tcp://*:5557","topic":"kv@user-topic"}'
+
+
+def case(profile, mode, service_type, **extra):
+    host = {
+        "model_server_profile": profile,
+        "model_server_image": PROFILE_IMAGE[profile],
+        "model_server_service_type": service_type,
+        "router_scoring_mode": mode,
+        "router_epp_image": DIGESTS["router_epp_image"],
+        "nvidia_device_plugin_image": DIGESTS["nvidia_device_plugin_image"],
+        "nvidia_device_plugin_smoke_image": DIGESTS["nvidia_device_plugin_smoke_image"],
+    }
+    host.update(extra)
+    return host
+
+
+# Every profile x scoring mode x Service type the issue names, plus the policy corner cases.
+CASES = {
+    "cpu-precise-clusterip": case("vllm_cpu", "precise", "ClusterIP", model_server_hf_token=HF_TOKEN),
+    "cpu-approximate-nodeport": case("vllm_cpu", "approximate", "NodePort"),
+    "cpu-precise-loadbalancer": case("vllm_cpu", "precise", "LoadBalancer"),
+    "cpu-precise-kv-nodeport": case("vllm_cpu", "precise", "NodePort", model_server_kv_events_node_port_enabled=True,
+                                    kind_cluster_zmq_node_port_enabled=True),
+    "cpu-user-kv-config": case("vllm_cpu", "approximate", "ClusterIP",
+                               model_server_extra_args=["--kv-events-config", USER_KV_CONFIG, "--enable-prompt-tokens-details"]),
+    "cpu-replay": case("vllm_cpu", "precise", "ClusterIP", model_server_kv_events_replay_port=5558),
+    "gpu-lmcache-precise-loadbalancer": case("vllm_lmcache", "precise", "LoadBalancer", kind_cluster_mode="nvkind"),
+    "gpu-lmcache-approximate-clusterip": case("vllm_lmcache", "approximate", "ClusterIP"),
+    "sglang-precise-clusterip": case("sglang_lmcache", "precise", "ClusterIP", model_server_tensor_parallel_size=2),
+    "sglang-approximate-loadbalancer": case("sglang_lmcache", "approximate", "LoadBalancer"),
+}
+
+# Cases that must fail, with the sentence each must print.
+NEGATIVE = {
+    "neg-bare-tag": (case("vllm_cpu", "precise", "ClusterIP", model_server_image="docker.io/vllm/vllm-openai-cpu:v0.32.0"),
+                     "is not pinned by digest"),
+    "neg-placeholder-digest": (case("vllm_cpu", "precise", "ClusterIP",
+                                    model_server_image="docker.io/vllm/vllm-openai-cpu:v0.32.0@sha256:" + "0" * 64),
+                               "is not pinned by digest"),
+    "neg-pinned-defaults": ({"router_scoring_mode": "precise"}, "is not pinned by digest"),
+    "neg-epp-bare-tag": (case("vllm_cpu", "precise", "ClusterIP", router_epp_image="ghcr.io/llm-d/llm-d-router-endpoint-picker:v0.9.0"),
+                         "The EPP image ghcr.io/llm-d/llm-d-router-endpoint-picker:v0.9.0 is not pinned by digest"),
+    "neg-kv-on-loadbalancer": (case("vllm_cpu", "precise", "LoadBalancer", model_server_kv_events_node_port_enabled=True),
+                               "cannot be combined with a LoadBalancer"),
+    "neg-block-size-mismatch": (case("vllm_cpu", "precise", "ClusterIP", router_engine_override=True), None),
+}
+NEGATIVE.pop("neg-block-size-mismatch")  # covered by the epp_config_check unit and module tests
+
+
+def write_inventory(path, cases):
+    hosts = {}
+    for name, host_vars in cases.items():
+        entry = dict(host_vars)
+        entry["ansible_connection"] = "local"
+        entry["ansible_python_interpreter"] = sys.executable
+        hosts[name] = entry
+    with open(path, "w") as handle:
+        yaml.safe_dump({"all": {"children": {"render_cases": {"hosts": hosts}}}}, handle, sort_keys=True)
+
+
+def run_render(tmp_dir, cases, verbosity=0, callback=None):
+    """One ansible-playbook run rendering every case; returns (returncode, stdout+stderr, output dir)."""
+    inventory = os.path.join(tmp_dir, "inventory.yml")
+    out = os.path.join(tmp_dir, "out")
+    write_inventory(inventory, cases)
+    env = dict(os.environ, ANSIBLE_CONFIG=os.path.join(ROOT, "ansible.cfg"), ANSIBLE_FORCE_COLOR="0", ANSIBLE_NOCOLOR="1",
+               ANSIBLE_DEPRECATION_WARNINGS="0")
+    # pytest-ansible points ANSIBLE_COLLECTIONS_PATH at ./collections, which lacks kubernetes.core here: put the
+    # toolchain's collections (make setup: .cache/collections) first.
+    cache = os.path.join(ROOT, ".cache", "collections")
+    if os.path.isdir(cache):
+        env["ANSIBLE_COLLECTIONS_PATH"] = os.pathsep.join(p for p in (cache, os.environ.get("ANSIBLE_COLLECTIONS_PATH")) if p)
+    if callback:
+        env["ANSIBLE_STDOUT_CALLBACK"] = callback
+    cmd = [os.path.join(os.path.dirname(sys.executable), "ansible-playbook"), "-i", inventory, PLAYBOOK,
+           "-e", "substrate_render_dir=%s" % out, "-e", "substrate_render_hosts=render_cases", "--forks", str(min(len(cases), 10))]
+    if verbosity:
+        cmd.append("-" + "v" * verbosity)
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, universal_newlines=True, check=False)
+    return proc.returncode, proc.stdout, out
+
+
+def load_case(out, name):
+    """Everything one case rendered: manifests per role, Helm values, the EPP config, the engine facts."""
+    base = os.path.join(out, name)
+    result = {"manifests": {}, "docs": []}
+    for role in ("model_server", "cluster_verify", "nvidia_device_plugin"):
+        path = os.path.join(base, role, "manifests.yaml")
+        if os.path.exists(path):
+            with open(path) as handle:
+                docs = [d for d in yaml.safe_load_all(handle) if d]
+            result["manifests"][role] = docs
+            result["docs"].extend(docs)
+    for key, rel in (("kind_config", "kind_cluster/kind-config.yaml"), ("epp_config", "router/epp-config.yaml"),
+                     ("router_values", "router/helm/llm-d-router-gateway.values.yaml"), ("router_release", "router/helm/release.yaml"),
+                     ("nvdp_values", "nvidia_device_plugin/helm/nvidia-device-plugin.values.yaml"),
+                     ("nvdp_release", "nvidia_device_plugin/helm/release.yaml")):
+        path = os.path.join(base, rel)
+        if os.path.exists(path):
+            with open(path) as handle:
+                result[key] = yaml.safe_load(handle)
+    with open(os.path.join(base, "model_server", "engine.json")) as handle:
+        result["engine"] = json.load(handle)
+    return result

@@ -1,0 +1,315 @@
+# -*- coding: utf-8 -*-
+# Copyright (c) inference_cache.substrate contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+"""Render every Kubernetes profile and mode (no cluster), validate the manifests offline, check the policies.
+
+One ansible-playbook run renders all cases in parallel (playbooks/render.yml, one inventory host per case,
+run with -v so the secret test sees the verbose output); one more run renders the cases that must fail.
+
+Schema validation: kubernetes-validate (strict: unknown fields are errors) for every Kubernetes minor version
+in K8S_VERSIONS (1.29-1.37; the pinned kind node is 1.33). Kinds without an upstream schema are checked
+structurally here instead, for these reasons:
+* kind ``Cluster`` (kind.x-k8s.io/v1alpha4): a kind CLI config, never sent to an API server;
+* ``EndpointPickerConfig`` (llm-d.ai/v1alpha1): a file the EPP reads, checked by the collection's own
+  epp_config_check logic against the engines it routes to;
+* Helm values of the llm-d-router-gateway and nvidia-device-plugin charts: checked for the keys the charts read;
+* ``InferencePool`` objects are created by the router chart at install time and are not rendered here.
+"""
+
+from __future__ import absolute_import, division, print_function
+
+import json
+import os
+import re
+import sys
+
+import pytest
+import yaml
+
+kubernetes_validate = pytest.importorskip("kubernetes_validate")
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _k8s_render as R  # noqa: E402  pylint: disable=wrong-import-position
+
+sys.path.insert(0, os.path.join(R.ROOT, "plugins", "module_utils"))
+import _epp_config  # noqa: E402  pylint: disable=wrong-import-position,import-error
+
+K8S_VERSIONS = ["1.%d.0" % minor for minor in range(29, 38)]
+DIGEST_RE = re.compile(r"^[^\s@]+@sha256:[0-9a-f]{64}$")
+
+
+@pytest.fixture(scope="module")
+def rendered(tmp_path_factory):
+    tmp = str(tmp_path_factory.mktemp("render"))
+    returncode, output, out = R.run_render(tmp, R.CASES, verbosity=1)
+    assert returncode == 0, output[-4000:]
+    return {"output": output, "out": out, "cases": dict((name, R.load_case(out, name)) for name in R.CASES)}
+
+
+@pytest.fixture(scope="module")
+def refused(tmp_path_factory):
+    tmp = str(tmp_path_factory.mktemp("refused"))
+    cases = dict((name, host) for name, (host, _msg) in R.NEGATIVE.items())
+    returncode, output, _out = R.run_render(tmp, cases, callback="oneline")
+    assert returncode != 0, output[-4000:]
+    return output
+
+
+def all_cases():
+    return sorted(R.CASES)
+
+
+# -- schema validation -----------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("version", K8S_VERSIONS)
+def test_manifests_validate_against_kubernetes_schemas(rendered, version):
+    checked = 0
+    for name, case in sorted(rendered["cases"].items()):
+        for doc in case["docs"]:
+            try:
+                kubernetes_validate.validate(doc, version, strict=True)
+            except kubernetes_validate.ValidationError as exc:
+                pytest.fail("%s: %s/%s is invalid for Kubernetes %s: %s" % (name, doc["kind"], doc["metadata"]["name"], version, exc))
+            checked += 1
+    assert checked >= 6 * len(rendered["cases"])
+
+
+@pytest.mark.parametrize("name", all_cases())
+def test_every_case_renders_every_role(rendered, name):
+    case = rendered["cases"][name]
+    kinds = sorted(set(d["kind"] for d in case["docs"]))
+    for kind in ("Namespace", "Deployment", "Service", "NetworkPolicy", "ConfigMap", "Job"):
+        assert kind in kinds, "%s rendered no %s (got %s)" % (name, kind, kinds)
+    assert case["epp_config"]["kind"] == "EndpointPickerConfig"
+    gpu = case["engine"]["profile"] != "vllm_cpu"
+    assert ("nvdp_values" in case) == gpu, "the device plugin is rendered exactly for the GPU profiles"
+
+
+@pytest.mark.parametrize("name", all_cases())
+def test_kind_config_structure(rendered, name):
+    config = rendered["cases"][name]["kind_config"]
+    assert config["kind"] == "Cluster" and config["apiVersion"] == "kind.x-k8s.io/v1alpha4"
+    assert config["name"] == "inference-cache-substrate"
+    plane = config["nodes"][0]
+    assert plane["role"] == "control-plane" and DIGEST_RE.match(plane["image"])
+    ports = [m["containerPort"] for m in plane["extraPortMappings"]]
+    assert 30080 in ports
+    assert (30557 in ports) == bool(R.CASES[name].get("kind_cluster_zmq_node_port_enabled")), \
+        "the ZMQ NodePort is mapped only when explicitly enabled"
+    for mapping in plane["extraPortMappings"]:
+        assert mapping["listenAddress"] == "127.0.0.1"
+
+
+@pytest.mark.parametrize("name", all_cases())
+def test_epp_config_matches_the_engines(rendered, name):
+    case = rendered["cases"][name]
+    kv = case["engine"]["kv_events_config"]
+    mode = R.CASES[name]["router_scoring_mode"]
+    env = engine_env(case)
+    engine = {"block_size": int(arg_after(case["engine"]["args"], "--block-size" if case["engine"]["engine_type"] == "vllm" else "--page-size")),
+              "hash_seed": env["PYTHONHASHSEED"], "topic": kv.get("topic"), "engine_type": case["engine"]["engine_type"],
+              "kv_events_port": int(kv.get("endpoint", "tcp://*:5557").rsplit(":", 1)[1])}
+    result = _epp_config.check_epp_config(case["epp_config"], engine=engine, mode=mode)
+    assert result.ok, result.problems
+    assert not result.deprecations, result.deprecations
+    # The chart gets exactly this config.
+    epp = case["router_values"]["router"]["epp"]
+    assert yaml.safe_load(epp["pluginsCustomConfig"][epp["pluginsConfigFile"]]) == case["epp_config"]
+
+
+@pytest.mark.parametrize("name", all_cases())
+def test_router_values_use_the_pinned_chart_and_new_keys(rendered, name):
+    case = rendered["cases"][name]
+    values, release = case["router_values"], case["router_release"]
+    pins = yaml.safe_load(open(R.PINS))
+    assert release["chart_ref"] == pins["charts"]["llm_d_router_gateway"]["ref"]
+    assert release["chart_version"] == pins["charts"]["llm_d_router_gateway"]["version"] == "v0.9.0"
+    assert not set(values) & {"inferenceExtension", "inferencePool", "experimentalHttpRoute", "inferenceObjectives"}, \
+        "legacy top-level keys make the chart refuse to install"
+    epp = values["router"]["epp"]
+    assert epp["flags"]["secure-serving"] is True, "secure serving is stated explicitly"
+    assert epp["resources"]["requests"]["cpu"] and epp["resources"]["requests"]["memory"]
+    image = "%s/%s:%s" % (epp["image"]["registry"], epp["image"]["repository"], epp["image"]["tag"])
+    assert image == R.CASES[name]["router_epp_image"]
+    assert values["router"]["modelServers"]["matchLabels"], "the InferencePool needs a selector"
+    assert values["router"]["modelServers"]["type"] == case["engine"]["engine_type"]
+
+
+@pytest.mark.parametrize("name", all_cases())
+def test_scoring_modes(rendered, name):
+    config = rendered["cases"][name]["epp_config"]
+    types = dict((p.get("name", p["type"]), p) for p in config["plugins"])
+    weights = dict((p["pluginRef"], p.get("weight")) for p in config["schedulingProfiles"][0]["plugins"])
+    if R.CASES[name]["router_scoring_mode"] == "approximate":
+        assert "precise-prefix-cache-producer" not in types
+        assert weights["kv-cache-utilization-scorer"] == weights["load-aware-scorer"] / 2
+    else:
+        assert set(["token-producer", "precise-prefix-cache-producer", "prefix-cache-scorer", "decode-filter", "max-score-picker",
+                    "single-profile-handler", "endpoint-notification-source"]) <= set(types)
+        assert types["prefix-cache-scorer"]["parameters"]["prefixMatchInfoProducerName"] == "precise-prefix-cache-producer"
+        assert config["dataLayer"]["sources"][0]["extractors"][0]["pluginRef"] == "precise-prefix-cache-producer"
+        kvc = types["precise-prefix-cache-producer"]["parameters"]["kvEventsConfig"]
+        assert kvc["discoverPods"] is True and "zmqEndpoint" not in kvc
+        if R.CASES[name].get("model_server_kv_events_replay_port"):
+            assert kvc["podDiscoveryConfig"]["replaySocketPort"] == R.CASES[name]["model_server_kv_events_replay_port"]
+
+
+# -- policies --------------------------------------------------------------------------------------------------
+
+def services(case):
+    return [d for d in case["docs"] if d["kind"] == "Service"]
+
+
+def engine_container(case):
+    deployment = [d for d in case["manifests"]["model_server"] if d["kind"] == "Deployment"][0]
+    return deployment["spec"]["template"]["spec"]["containers"][0]
+
+
+def engine_env(case):
+    return dict((e["name"], e.get("value")) for e in engine_container(case)["env"])
+
+
+def arg_after(args, flag):
+    return args[args.index(flag) + 1]
+
+
+@pytest.mark.parametrize("name", all_cases())
+def test_kv_events_port_never_on_a_load_balancer_or_unrequested_node_port(rendered, name):
+    case = rendered["cases"][name]
+    kv_port = 5557
+    found_cluster_ip = False
+    for svc in services(case):
+        kv_ports = [p for p in svc["spec"]["ports"] if p["port"] == kv_port or p.get("targetPort") == "kv-events"]
+        kind = svc["spec"].get("type", "ClusterIP")
+        if kind == "LoadBalancer":
+            assert not kv_ports, "%s: the KV-event port is on LoadBalancer %s" % (name, svc["metadata"]["name"])
+        elif kind == "NodePort" and kv_ports:
+            assert R.CASES[name].get("model_server_kv_events_node_port_enabled"), \
+                "%s: the KV-event port is on NodePort %s without being asked for" % (name, svc["metadata"]["name"])
+        elif kind == "ClusterIP" and kv_ports:
+            found_cluster_ip = True
+    assert found_cluster_ip, "%s: no ClusterIP Service carries the KV-event port" % name
+
+
+@pytest.mark.parametrize("name", all_cases())
+def test_network_policy_admits_kv_events_only_from_router_and_verifier(rendered, name):
+    case = rendered["cases"][name]
+    policy = [d for d in case["docs"] if d["kind"] == "NetworkPolicy"][0]
+    epp_label = {"llm-d-router-gateway": "inference-cache-router-epp"}
+    verifier = [d for d in case["docs"] if d["kind"] == "Job"][0]["spec"]["template"]["metadata"]["labels"]
+    for rule in policy["spec"]["ingress"]:
+        ports = [p["port"] for p in rule["ports"]]
+        if 5557 not in ports:
+            continue
+        peers = rule.get("from")
+        assert peers, "%s: the KV-event port is open to every pod" % name
+        for peer in peers:
+            if "ipBlock" in peer:
+                assert R.CASES[name].get("model_server_kv_events_node_port_enabled"), "%s: an ipBlock opens the KV-event port" % name
+                continue
+            labels = peer["podSelector"]["matchLabels"]
+            assert labels == epp_label or all(verifier.get(k) == v for k, v in labels.items()), labels
+
+
+@pytest.mark.parametrize("name", all_cases())
+def test_engine_pod_contract(rendered, name):
+    case = rendered["cases"][name]
+    container = engine_container(case)
+    ports = dict((p["name"], p["containerPort"]) for p in container["ports"])
+    assert ports["http"] == 8000 and ports["kv-events"] == 5557
+    env = engine_env(case)
+    assert env["PYTHONHASHSEED"] == "42"
+    pod_ip = [e for e in container["env"] if e["name"] == "POD_IP"][0]
+    assert pod_ip["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"
+    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+        assert container[probe]["httpGet"]["port"] == "http"
+    assert container["securityContext"]["allowPrivilegeEscalation"] is False
+    assert container["resources"]["requests"]
+    kv = case["engine"]["kv_events_config"]
+    if not case["engine"]["user_kv_events_config"]:
+        assert kv["endpoint"] == "tcp://*:5557", "the engines bind so the EPP and the verifier can both connect"
+        assert kv["topic"] == "kv@$(POD_IP):8000@Qwen/Qwen3-0.6B"
+        assert kv["publisher"] == "zmq"
+    if case["engine"]["profile"] != "vllm_cpu":
+        assert container["resources"]["limits"]["nvidia.com/gpu"] == str(R.CASES[name].get("model_server_tensor_parallel_size", 1))
+    if case["engine"]["profile"] == "vllm_lmcache":
+        assert "LMCacheConnectorV1" in arg_after(container["args"], "--kv-transfer-config")
+
+
+def test_user_kv_events_config_wins(rendered):
+    case = rendered["cases"]["cpu-user-kv-config"]
+    args = engine_container(case)["args"]
+    assert args.count("--kv-events-config") == 1, args
+    assert arg_after(args, "--kv-events-config") == R.USER_KV_CONFIG
+    assert case["engine"]["kv_events_config"]["topic"] == "kv@user-topic"
+    # and the verifier follows the user's topic
+    job = [d for d in case["docs"] if d["kind"] == "Job"][0]
+    assert arg_after(job["spec"]["template"]["spec"]["containers"][0]["args"], "--topic-template") == "kv@user-topic"
+
+
+def test_generated_kv_events_config_is_injected_once(rendered):
+    args = engine_container(rendered["cases"]["cpu-precise-clusterip"])["args"]
+    assert args.count("--kv-events-config") == 1
+    assert json.loads(arg_after(args, "--kv-events-config"))["enable_kv_cache_events"] is True
+
+
+@pytest.mark.parametrize("name", all_cases())
+def test_every_image_is_pinned_by_digest(rendered, name):
+    case = rendered["cases"][name]
+    images = []
+    for doc in case["docs"]:
+        spec = doc.get("spec", {})
+        pod = spec.get("template", {}).get("spec") or (spec if doc["kind"] == "Pod" else None)
+        for container in (pod or {}).get("containers", []):
+            images.append(container["image"])
+    assert images
+    for image in images:
+        assert DIGEST_RE.match(image), "%s: %s is not pinned by digest" % (name, image)
+
+
+@pytest.mark.parametrize("name", sorted(R.NEGATIVE))
+def test_refusals_print_their_message(refused, name):
+    expected = R.NEGATIVE[name][1]
+    lines = [line for line in refused.splitlines() if line.startswith(name + " | FAILED")]
+    assert lines, "%s did not fail:\n%s" % (name, refused[-3000:])
+    assert expected in lines[0], lines[0][:2000]
+
+
+def test_secrets_never_reach_the_output_or_the_files(rendered):
+    assert R.HF_TOKEN not in rendered["output"], "the Hugging Face token appears in the -v output"
+    for folder, _dirs, files in os.walk(rendered["out"]):
+        for name in files:
+            with open(os.path.join(folder, name)) as handle:
+                assert R.HF_TOKEN not in handle.read(), "the token was written to %s" % name
+    secret = [d for d in rendered["cases"]["cpu-precise-clusterip"]["docs"] if d["kind"] == "Secret"][0]
+    assert secret["stringData"]["HF_TOKEN"].startswith("<redacted")
+    env = engine_container(rendered["cases"]["cpu-precise-clusterip"])["env"]
+    ref = [e for e in env if e["name"] == "HF_TOKEN"][0]
+    assert ref["valueFrom"]["secretKeyRef"]["name"] == secret["metadata"]["name"]
+
+
+def test_render_is_idempotent(tmp_path):
+    """Rendering the same case twice: the first run changes files, the second changes nothing."""
+    cases = {"idempotence": R.CASES["cpu-precise-clusterip"]}
+    first = R.run_render(str(tmp_path), cases)
+    assert first[0] == 0, first[1][-3000:]
+    second = R.run_render(str(tmp_path), cases)
+    assert second[0] == 0, second[1][-3000:]
+    assert re.search(r"idempotence\s+: ok=\d+\s+changed=[1-9]", first[1])
+    assert re.search(r"idempotence\s+: ok=\d+\s+changed=0\s", second[1]), second[1][-1500:]
+
+
+def test_docs_list_every_pin():
+    with open(R.PINS) as handle:
+        pins = yaml.safe_load(handle)
+    with open(os.path.join(R.ROOT, "docs", "kubernetes.md")) as handle:
+        docs = handle.read()
+    for name, pin in pins["images"].items():
+        assert pin["tag"] in docs and pin["repository"] in docs, "docs/kubernetes.md does not list the %s image" % name
+        if pin["digest"]:
+            assert pin["digest"] in docs
+    for chart in pins["charts"].values():
+        assert chart["version"] in docs
+    assert pins["inference_pool_crds"]["version"] in docs
