@@ -1,0 +1,58 @@
+# -*- coding: utf-8 -*-
+# Copyright (c) inference_cache.substrate contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+
+class ModuleDocFragment(object):
+
+    # Options of a KV-event stream connection; paired with module_utils/_kv_args.py KV_STREAM_ARG_SPEC.
+    DOCUMENTATION = r"""
+options:
+  endpoint:
+    description:
+      - ZMQ endpoint of the engine's KV-event publisher, for example V(tcp://10.0.0.5:5557) or V(tcp://*:5557).
+      - With O(socket_mode=connect) this is the address the engine binds; with O(socket_mode=bind) the local
+        address the engine connects to.
+    type: str
+    required: true
+  socket_mode:
+    description:
+      - Which side binds. V(connect) when the engine binds (vLLM binds endpoints that contain V(*) or V(::),
+        for example V(tcp://*:5557)).
+      - V(bind) when the engine connects, which vLLM does for every other TCP endpoint, for example
+        V(tcp://127.0.0.1:5557) or even V(tcp://0.0.0.0:5557). The local profile of this collection uses V(bind).
+      - If both sides connect (or both bind) nothing flows; the failure message says which side should bind.
+    type: str
+    choices: [connect, bind]
+    default: connect
+  topic:
+    description:
+      - Topic prefix to accept (ZMQ SUB semantics, a byte-prefix match). V("") accepts every topic.
+      - Messages under other topics are counted, so a mismatch is named in the failure message.
+    type: str
+    default: ""
+  engine:
+    description:
+      - Wire dialect. V(auto) detects vLLM or SGLang from the frames; V(sglang) selects the SGLang positional
+        field order (C(metadata) after C(medium)).
+    type: str
+    choices: [auto, vllm, sglang]
+    default: auto
+  data_parallel_size:
+    description:
+      - Number of data-parallel ranks. Rank N publishes on the port of O(endpoint) plus N (and its replay
+        endpoint on the port of O(replay_endpoint) plus N), as vLLM and SGLang do.
+    type: int
+    default: 1
+  replay_endpoint:
+    description:
+      - ROUTER endpoint of the engine's replay buffer (vLLM C(replay_endpoint)), for example V(tcp://127.0.0.1:5558).
+      - When set, sequence gaps are repaired by asking for the missing batches; without it gaps stay unrepaired.
+    type: str
+  timeout:
+    description:
+      - Seconds to wait, in total (monotonic clock), for connection, events, replay and the trigger request.
+    type: float
+    default: 30.0
+"""

@@ -1,0 +1,293 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright (c) inference_cache.substrate contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type  # pylint: disable=invalid-name
+
+DOCUMENTATION = r"""
+module: kv_events_check
+short_description: Verify that an inference engine publishes KV-cache events over ZMQ
+version_added: 0.1.0
+description:
+  - Subscribes to the KV-cache event stream of vLLM or SGLang (ZMQ PUB/SUB, frames C([topic, seq, msgpack batch])),
+    decodes every wire dialect (vLLM map-encoded events from 0.24 on, positional arrays before, SGLang arrays,
+    integer or byte block hashes) and reports what arrived.
+  - Tracks sequence numbers per topic and data-parallel rank, detects gaps and engine restarts, and repairs gaps
+    through the engine's replay ROUTER endpoint when O(replay_endpoint) is set.
+  - Optionally sends one completion request (O(trigger)) once the subscription is live, so the events it causes
+    are not lost to the ZMQ slow-joiner effect.
+  - Stops as soon as the expectations are met and the stream was quiet for O(settle) seconds, or fails after O(timeout).
+  - Token ids never leave the module unless O(include_token_ids=true); prompts are never returned or captured.
+author:
+  - inference_cache.substrate contributors (@inference-cache)
+requirements:
+  - pyzmq >= 25.0
+  - msgspec >= 0.18
+extends_documentation_fragment:
+  - inference_cache.substrate.kv_events
+  - inference_cache.substrate._attributes
+  - inference_cache.substrate._attributes.CHECK
+attributes:
+  check_mode:
+    details:
+      - Check mode runs the same read-only check, including the O(trigger) request (it changes no managed state,
+        it only warms the engine's prefix cache); O(capture_path) is not written in check mode.
+options:
+  expect:
+    description:
+      - Minimum number of events per type, keyed by V(BlockStored), V(BlockRemoved) or V(AllBlocksCleared).
+      - V({}) only requires that at least one batch arrives.
+    type: dict
+    default: {BlockStored: 1}
+  expect_removed_after_stored:
+    description:
+      - Also require a V(BlockRemoved) event for a block hash that a V(BlockStored) event announced during the check
+        (an eviction observed end to end).
+    type: bool
+    default: false
+  settle:
+    description:
+      - Once the expectations are met, keep listening until no message arrived for this many seconds, then stop.
+      - V(0) stops as soon as the expectations are met.
+    type: float
+    default: 1.0
+  trigger:
+    description:
+      - Send one completion request to an OpenAI-compatible server after the subscription is live (after the peer
+        connected, plus O(trigger.delay)), to make the engine publish events.
+    type: dict
+    suboptions:
+      url:
+        description: Base URL of the OpenAI-compatible server, for example V(http://127.0.0.1:8000) (C(/v1) is added if missing).
+        type: str
+        required: true
+      model:
+        description: Model name for the request; when omitted the first model of C(/v1/models) is used.
+        type: str
+      prompt:
+        description:
+          - Prompt text; make it longer than one KV block (for example more than 16 or 32 tokens) or no block is stored.
+          - Never returned or captured.
+          - When omitted, a built-in English prompt of about 100 tokens is used.
+        type: str
+      max_tokens:
+        description: Tokens to generate.
+        type: int
+        default: 1
+      api_key:
+        description: Bearer token sent in the C(Authorization) header.
+        type: str
+      headers:
+        description: Extra HTTP headers.
+        type: dict
+        default: {}
+      delay:
+        description: Seconds to wait after the peer connected before sending, so the subscription has propagated.
+        type: float
+        default: 0.5
+  capture_path:
+    description:
+      - Write every received event as one JSON line (metadata only, token ids only with O(include_token_ids)) to this
+        path on the managed host.
+    type: path
+  include_token_ids:
+    description:
+      - Opt in to decoding token ids (returned in O(capture_path) lines). Off by default so that prompt content
+        never leaves the decoder; RV(sample) never contains them.
+    type: bool
+    default: false
+notes:
+  - vLLM binds its endpoint only when it contains V(*) or V(::); for any other address, such as V(tcp://127.0.0.1:5557),
+    it connects and this module must use O(socket_mode=bind).
+  - Reused prefix blocks are not re-announced by vLLM; a repeated prompt may cause no new V(BlockStored).
+seealso:
+  - name: vLLM KV events subscriber example
+    description: The reference subscriber in the vLLM repository.
+    link: https://github.com/vllm-project/vllm/tree/main/examples
+"""
+
+EXAMPLES = r"""
+- name: Check the local vLLM engine (it connects to tcp://127.0.0.1:5557, so bind)
+  inference_cache.substrate.kv_events_check:
+    endpoint: tcp://127.0.0.1:5557
+    socket_mode: bind
+    topic: kv-events
+    replay_endpoint: tcp://127.0.0.1:5558
+    trigger:
+      url: http://127.0.0.1:8011
+      model: tiny
+    timeout: 60
+  register: kv
+
+- name: Check an engine that binds tcp://*:5557, with two data-parallel ranks, and require an eviction
+  inference_cache.substrate.kv_events_check:
+    endpoint: tcp://10.0.0.5:5557
+    data_parallel_size: 2
+    topic: "kv@"
+    expect:
+      BlockStored: 1
+      BlockRemoved: 1
+    expect_removed_after_stored: true
+"""
+
+RETURN = r"""
+counts:
+  description: Events received per type.
+  returned: always
+  type: dict
+  sample: {BlockStored: 3, BlockRemoved: 1, AllBlocksCleared: 0}
+batches:
+  description: Batches (messages) decoded, live and replayed.
+  returned: always
+  type: int
+  sample: 4
+seq:
+  description: First and last sequence number and batch count per stream, keyed C(<topic>#<rank>).
+  returned: always
+  type: dict
+  sample: {"kv-events#0": {first: 0, last: 3, batches: 4}}
+gaps:
+  description: Sequence gaps found, repaired through replay, and left unrepaired (with up to 20 details).
+  returned: always
+  type: dict
+  sample: {found: 1, repaired: 1, unrepaired: 0, details: []}
+restarts:
+  description: Engine restarts seen (sequence went back), up to 20.
+  returned: always
+  type: list
+  elements: dict
+  sample: []
+topics:
+  description: Batches per accepted topic.
+  returned: always
+  type: dict
+  sample: {kv-events: 4}
+other_topics:
+  description: Messages that arrived under topics not matching O(topic).
+  returned: always
+  type: dict
+  sample: {}
+ranks:
+  description: Data-parallel ranks seen.
+  returned: always
+  type: list
+  elements: int
+  sample: [0]
+block_size:
+  description: Block size announced in V(BlockStored) events; a list if several were seen, null if none.
+  returned: always
+  type: raw
+  sample: 32
+stored_blocks:
+  description: Number of block hashes announced by V(BlockStored) events.
+  returned: always
+  type: int
+  sample: 45
+stored_tokens:
+  description: Number of tokens announced by V(BlockStored) events.
+  returned: always
+  type: int
+  sample: 1440
+removed_blocks:
+  description: Number of block hashes in V(BlockRemoved) events.
+  returned: always
+  type: int
+  sample: 0
+removed_after_stored:
+  description: Removed block hashes that had been announced as stored during the check.
+  returned: always
+  type: int
+  sample: 0
+wire_format:
+  description: Encoding seen (C(batch) array or map, C(events) map or array, C(hashes) int or bytes); a list if mixed.
+  returned: always
+  type: dict
+  sample: {batch: array, events: map, hashes: int}
+engine:
+  description: Engine dialect detected (V(vllm), V(sglang), V(unknown) when the frames fit both) or forced by O(engine).
+  returned: always
+  type: str
+  sample: vllm
+sample:
+  description: The first few events, redacted (no token ids, at most 4 hashes each).
+  returned: always
+  type: list
+  elements: dict
+  sample: [{type: BlockStored, num_blocks: 45, token_count: 1440, block_size: 32, seq: 0, topic: kv-events, rank: 0}]
+malformed:
+  description: Number of malformed messages or events and the first reason.
+  returned: always
+  type: dict
+  sample: {count: 0, first_reason: null}
+unknown_event_types:
+  description: Events of types this module does not know, per type (counted, not fatal).
+  returned: always
+  type: dict
+  sample: {}
+elapsed:
+  description: Seconds spent.
+  returned: always
+  type: float
+  sample: 1.62
+endpoints:
+  description: The endpoints subscribed to, one per data-parallel rank.
+  returned: always
+  type: list
+  elements: str
+  sample: [tcp://127.0.0.1:5557]
+peer_connected:
+  description: Per endpoint, whether a ZMQ peer connected.
+  returned: always
+  type: list
+  elements: bool
+  sample: [true]
+trigger:
+  description:
+    - The trigger request, if any. C(cached_tokens) comes from C(usage.prompt_tokens_details.cached_tokens) (vLLM
+      C(--enable-prompt-tokens-details)) and is null when the server does not report it.
+  returned: always
+  type: dict
+  sample: {sent: true, url: http://127.0.0.1:8011/v1/completions, status: 200, model: tiny, prompt_tokens: 57, cached_tokens: null}
+"""
+
+import json
+
+from ansible.module_utils.basic import AnsibleModule, missing_required_lib
+from ansible.module_utils.urls import open_url
+
+from ansible_collections.inference_cache.substrate.plugins.module_utils._kv_args import KV_STREAM_ARG_SPEC
+from ansible_collections.inference_cache.substrate.plugins.module_utils._kv_check import CHECK_ARG_SPEC, CheckFailed, KVEventsCheck
+from ansible_collections.inference_cache.substrate.plugins.module_utils._kv_events import HAS_MSGSPEC, MSGSPEC_IMPORT_ERROR
+from ansible_collections.inference_cache.substrate.plugins.module_utils._kv_zmq import HAS_ZMQ, ZMQ_IMPORT_ERROR
+
+
+def _http_json(url, body=None, headers=None, timeout=10.0):
+    """The trigger's HTTP call through Ansible's URL helper (proxies, CA bundle)."""
+    data = None if body is None else json.dumps(body)
+    all_headers = dict(headers or {}, **{"Content-Type": "application/json"})
+    resp = open_url(url, data=data, headers=all_headers, method="GET" if body is None else "POST", timeout=max(timeout, 0.1))
+    return resp.status, json.loads(resp.read().decode("utf-8") or "null")
+
+
+def main():
+    argument_spec = dict(KV_STREAM_ARG_SPEC)
+    argument_spec.update(CHECK_ARG_SPEC)
+    module = AnsibleModule(argument_spec=argument_spec, supports_check_mode=True)
+    if not HAS_ZMQ:
+        module.fail_json(msg=missing_required_lib("pyzmq"), exception=ZMQ_IMPORT_ERROR)
+    if not HAS_MSGSPEC:
+        module.fail_json(msg=missing_required_lib("msgspec"), exception=MSGSPEC_IMPORT_ERROR)
+    try:
+        facts = KVEventsCheck(module.params, check_mode=module.check_mode, http=_http_json).run()
+    except CheckFailed as exc:
+        facts = dict(exc.facts, changed=False)
+        module.fail_json(msg=exc.msg, **facts)
+    module.exit_json(**facts)
+
+
+if __name__ == "__main__":
+    main()

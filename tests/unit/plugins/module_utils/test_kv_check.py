@@ -1,0 +1,252 @@
+# -*- coding: utf-8 -*-
+# Copyright (c) inference_cache.substrate contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+"""The check runner against the in-process synthetic publisher over inproc:// sockets (fast, no ports)."""
+
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type  # pylint: disable=invalid-name
+
+import json
+import socket
+
+import pytest
+import zmq
+
+from ansible_collections.inference_cache.substrate.plugins.module_utils._kv_args import KV_STREAM_ARG_SPEC
+from ansible_collections.inference_cache.substrate.plugins.module_utils._kv_check import (
+    CHECK_ARG_SPEC, CheckFailed, KVEventsCheck, send_trigger)
+
+
+def params(**kw):
+    out = dict((k, v.get("default")) for k, v in list(KV_STREAM_ARG_SPEC.items()) + list(CHECK_ARG_SPEC.items()))
+    out.update({"timeout": 5.0, "settle": 0.2})
+    out.update(kw)
+    return out
+
+
+def run(zctx, **kw):
+    return KVEventsCheck(params(**kw), ctx=zctx).run()
+
+
+def fail(zctx, **kw):
+    with pytest.raises(CheckFailed) as info:
+        run(zctx, **kw)
+    assert info.value.msg.count(". ") == 0 or info.value.msg.endswith(".")  # one sentence
+    assert info.value.facts["changed"] is False
+    return info.value
+
+
+@pytest.mark.parametrize("wire_format", ["vllm-map", "vllm-array", "sglang"])
+def test_connect_mode_counts(zctx, inproc, publisher, wire_format):
+    with publisher(inproc[0], bind=True, wire_format=wire_format, topic="kv@pod@m"):
+        facts = run(zctx, endpoint=inproc[0], topic="kv@", expect={"BlockStored": 6, "BlockRemoved": 2})
+    assert facts["counts"]["BlockStored"] == 6 and facts["batches"] == 6
+    assert facts["seq"] == {"kv@pod@m#0": {"first": 0, "last": 5, "batches": 6}}
+    assert facts["stored_blocks"] == 12 and facts["stored_tokens"] == 192 and facts["block_size"] == 16
+    assert facts["wire_format"]["hashes"] == "int"
+    assert facts["wire_format"]["events"] == ("map" if wire_format == "vllm-map" else "array")
+    assert facts["topics"] == {"kv@pod@m": 6} and facts["gaps"]["found"] == 0
+    assert facts["peer_connected"] == [True]
+    json.dumps(facts)
+
+
+def test_bind_mode_publisher_connects(zctx, inproc, publisher):
+    pub = publisher(inproc[0], bind=False, hash_kind="bytes")
+    check = KVEventsCheck(params(endpoint=inproc[0], socket_mode="bind", expect={"BlockStored": 6}), ctx=zctx)
+    with pub:
+        facts = check.run()
+    assert facts["counts"]["BlockStored"] == 6 and facts["wire_format"]["hashes"] == "bytes"
+
+
+@pytest.mark.parametrize("replay_topic", [True, False], ids=["reply-with-topic", "reply-without-topic"])
+def test_gap_repaired_through_replay(zctx, inproc, publisher, replay_topic):
+    with publisher(inproc[0], replay_endpoint=inproc[1], replay_topic=replay_topic, count=8, drop_at={3, 4}):
+        facts = run(zctx, endpoint=inproc[0], replay_endpoint=inproc[1], expect={"BlockStored": 8})
+    assert facts["gaps"]["found"] == 1 and facts["gaps"]["repaired"] == 1 and facts["gaps"]["unrepaired"] == 0
+    assert facts["batches"] == 8 and facts["counts"]["BlockStored"] == 8
+
+
+def test_gap_without_replay_fails(zctx, inproc, publisher):
+    with publisher(inproc[0], count=6, drop_at={2}):
+        exc = fail(zctx, endpoint=inproc[0], expect={"BlockStored": 5})
+    assert "1 sequence gap left 1 batch missing (first in stream #0, seq 2-2); set replay_endpoint" in exc.msg
+    assert exc.facts["gaps"]["unrepaired"] == 1
+
+
+def test_gap_replay_cannot_repair_fails(zctx, inproc, publisher):
+    with publisher(inproc[0], replay_endpoint=inproc[1], count=6, skip_at={3}):
+        exc = fail(zctx, endpoint=inproc[0], replay_endpoint=inproc[1], expect={"BlockStored": 6})
+    assert "replay from %s could not supply them" % inproc[1] in exc.msg
+
+
+def test_restart_detected_not_fatal(zctx, inproc, publisher):
+    with publisher(inproc[0], count=8, restart_at={4}):
+        facts = run(zctx, endpoint=inproc[0], expect={"BlockStored": 8})
+    assert len(facts["restarts"]) == 1 and facts["restarts"][0]["to"] == 0
+
+
+def test_unknown_event_types_not_fatal(zctx, inproc, publisher):
+    with publisher(inproc[0], count=4, unknown_at={1}):
+        facts = run(zctx, endpoint=inproc[0], expect={"BlockStored": 4})
+    assert facts["unknown_event_types"] == {"FutureEvent": 1}
+
+
+def test_topic_mismatch_names_topic(zctx, inproc, publisher):
+    with publisher(inproc[0], topic="kv-events", count=3):
+        exc = fail(zctx, endpoint=inproc[0], topic="kv@", timeout=1.0)
+    assert "but messages arrived under topic 'kv-events'; set topic to match" in exc.msg
+
+
+def test_malformed_frames_fail(zctx, inproc, publisher):
+    with publisher(inproc[0], count=4, malformed_at={1}):
+        exc = fail(zctx, endpoint=inproc[0], expect={"BlockStored": 3})
+    assert "1 message or event of 4 messages received were malformed; first: the payload is not valid msgpack" in exc.msg
+
+
+def test_unmet_expectations_fail(zctx, inproc, publisher):
+    with publisher(inproc[0], count=3):
+        exc = fail(zctx, endpoint=inproc[0], expect={"BlockStored": 1, "AllBlocksCleared": 2}, timeout=1.0)
+    assert exc.msg.startswith("Expectations not met within 1.0s (3 batches received): AllBlocksCleared 0/2.")
+
+
+def test_removed_after_stored(zctx, inproc, publisher):
+    with publisher(inproc[0], count=5):
+        facts = run(zctx, endpoint=inproc[0], expect_removed_after_stored=True, expect={})
+    assert facts["removed_after_stored"] >= 1
+    with publisher(inproc[0], count=2):
+        exc = fail(zctx, endpoint=inproc[0], expect_removed_after_stored=True, expect={}, timeout=1.0)
+    assert "no BlockRemoved for a block stored during the check" in exc.msg
+
+
+def test_connect_never_completes(zctx, inproc):
+    exc = fail(zctx, endpoint=inproc[0], timeout=0.3)
+    assert "the connection never completed, so nothing is bound there" in exc.msg
+    assert "set socket_mode=bind" in exc.msg
+
+
+def test_bind_nobody_connects(zctx, inproc):
+    exc = fail(zctx, endpoint=inproc[0], socket_mode="bind", timeout=0.3)
+    assert "no publisher connected; the engine must connect to this address" in exc.msg
+
+
+def free_port():
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    sock.close()
+    return port
+
+
+@pytest.mark.parametrize("publisher_binds", [True, False])
+def test_connected_but_silent(zctx, publisher, publisher_binds):
+    endpoint = "tcp://127.0.0.1:%d" % free_port()  # inproc sockets report no connection events: use TCP here
+    with publisher(endpoint, bind=publisher_binds, count=0, wait_subscriber=0, linger=3):
+        exc = fail(zctx, endpoint=endpoint, timeout=0.5, socket_mode="connect" if publisher_binds else "bind")
+    assert exc.facts["peer_connected"] == [True]
+    assert "although a publisher connected" in exc.msg
+
+
+def test_bind_address_in_use(zctx):
+    holder = zctx.socket(zmq.PUB)
+    port = holder.bind_to_random_port("tcp://127.0.0.1")
+    try:
+        exc = fail(zctx, endpoint="tcp://127.0.0.1:%d" % port, socket_mode="bind", timeout=0.3)
+    finally:
+        holder.close(0)
+    assert "the address is already in use; if the engine binds this endpoint" in exc.msg
+
+
+def test_connect_to_wildcard_refused(zctx):
+    exc = fail(zctx, endpoint="tcp://*:5557", timeout=0.3)
+    assert "an endpoint with '*' can only be bound" in exc.msg
+
+
+@pytest.mark.parametrize("kw,msg", [
+    ({"expect": {"BlockStoredX": 1}}, "expect names an unknown event type 'BlockStoredX'"),
+    ({"expect": {"BlockStored": -1}}, "expect.BlockStored must be a non-negative integer"),
+    ({"data_parallel_size": 0}, "data_parallel_size must be at least 1."),
+    ({"timeout": 0}, "timeout must be a positive number of seconds."),
+    ({"data_parallel_size": 2, "endpoint": "tcp://host"}, "Cannot offset the port"),
+])
+def test_invalid_parameters(zctx, kw, msg):
+    kw.setdefault("endpoint", "inproc://nothing")
+    assert msg in fail(zctx, **kw).msg
+
+
+def test_data_parallel_ranks(zctx, publisher):
+    base = "inproc://dp-test"
+    with publisher(base, rank=0, count=3), publisher(base + "_dp1", rank=1, count=3):
+        facts = run(zctx, endpoint=base, data_parallel_size=2, expect={"BlockStored": 6})
+    assert facts["ranks"] == [0, 1] and set(facts["seq"]) == {"#0", "#1"}
+    assert facts["endpoints"] == [base, base + "_dp1"]
+
+
+def test_trigger_sent_after_connection(zctx, inproc, publisher):
+    calls = []
+
+    def http(url, body, headers, timeout):
+        calls.append((url, body, headers))
+        if body is None:
+            return 200, {"data": [{"id": "tiny"}]}
+        return 200, {"usage": {"prompt_tokens": 57, "prompt_tokens_details": {"cached_tokens": 32}}}
+
+    check = KVEventsCheck(params(endpoint=inproc[0], trigger={"url": "http://x:8000/", "api_key": "k", "headers": {"X-A": "1"},
+                                                              "delay": 0.05}), ctx=zctx, http=http)
+    with publisher(inproc[0], count=3, wait_subscriber=5):
+        facts = check.run()
+    assert [c[0] for c in calls] == ["http://x:8000/v1/models", "http://x:8000/v1/completions"]
+    assert calls[1][1]["model"] == "tiny" and calls[1][1]["max_tokens"] == 1
+    assert calls[1][2]["Authorization"] == "Bearer k" and calls[1][2]["X-A"] == "1"
+    assert facts["trigger"] == {"sent": True, "url": "http://x:8000/v1/completions", "status": 200, "model": "tiny",
+                                "prompt_tokens": 57, "cached_tokens": 32}
+    assert "prompt" not in json.dumps(facts["sample"])
+
+
+def test_trigger_failure_message():
+    def http(url, body, headers, timeout):
+        raise OSError("Connection refused")
+
+    with pytest.raises(CheckFailed) as info:
+        send_trigger({"url": "http://127.0.0.1:9", "model": "m"}, 1.0, http)
+    assert info.value.msg == "The trigger request to http://127.0.0.1:9/v1/completions failed: Connection refused."
+
+
+def test_trigger_without_cached_tokens():
+    facts = send_trigger({"url": "http://h/v1", "model": "m"}, 1.0, lambda *a: (200, {"usage": {"prompt_tokens": 3}}))
+    assert facts["cached_tokens"] is None and facts["prompt_tokens"] == 3 and facts["url"] == "http://h/v1/completions"
+
+
+def test_trigger_real_http_error():
+    num = free_port()
+    with pytest.raises(CheckFailed) as info:
+        send_trigger({"url": "http://127.0.0.1:%d" % num, "model": "m"}, 2.0)
+    assert info.value.msg.startswith("The trigger request to http://127.0.0.1:%d/v1/completions failed:" % num)
+
+
+@pytest.mark.parametrize("check_mode", [False, True])
+def test_capture_path(zctx, inproc, publisher, tmp_path, check_mode):
+    path = tmp_path / "capture.jsonl"
+    with publisher(inproc[0], count=3):
+        KVEventsCheck(params(endpoint=inproc[0], capture_path=str(path), expect={"BlockStored": 3}), check_mode=check_mode, ctx=zctx).run()
+    if check_mode:
+        assert not path.exists()
+        return
+    lines = [json.loads(x) for x in path.read_text().splitlines()]
+    assert len(lines) >= 3 and all("token_ids" not in x for x in lines)
+    assert lines[0]["type"] == "BlockStored" and lines[0]["token_count"] == 32
+
+
+def test_capture_path_with_token_ids(zctx, inproc, publisher, tmp_path):
+    path = tmp_path / "capture.jsonl"
+    with publisher(inproc[0], count=1):
+        run(zctx, endpoint=inproc[0], capture_path=str(path), include_token_ids=True)
+    assert json.loads(path.read_text().splitlines()[0])["token_ids"] == list(range(32))
+
+
+def test_capture_path_unwritable(zctx, inproc, publisher, tmp_path):
+    with publisher(inproc[0], count=1):
+        exc = fail(zctx, endpoint=inproc[0], capture_path=str(tmp_path / "missing" / "x.jsonl"))
+    assert exc.msg.startswith("Cannot write capture_path")

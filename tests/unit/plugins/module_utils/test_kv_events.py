@@ -1,0 +1,299 @@
+# -*- coding: utf-8 -*-
+# Copyright (c) inference_cache.substrate contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+"""Decoder, replay-reply parsing and sequence bookkeeping (pure functions, no sockets)."""
+
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type  # pylint: disable=invalid-name
+
+import json
+
+import msgspec
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ansible_collections.inference_cache.substrate.plugins.module_utils import _kv_events as kv
+from ansible_collections.inference_cache.substrate.plugins.module_utils import _kv_zmq as kvz
+
+ENC = msgspec.msgpack.encode
+BIG = (1 << 64) - 5  # above the int64 range
+BYTES_HASH = b"\x01" * 32
+TOKENS = list(range(32))
+
+# Real capture from vLLM 0.26 (REFERENCE A2), plus the newer fields seen on 0.32 (REFERENCE L).
+VLLM_MAP_STORED = {"type": "BlockStored", "block_hashes": [BIG, 7], "parent_block_hash": None, "token_ids": TOKENS,
+                   "block_size": 16, "lora_id": None, "medium": "GPU", "lora_name": None, "extra_keys": [None, None],
+                   "group_idx": 0, "kv_cache_spec_kind": "full_attention", "locality": "local", "ownership": None,
+                   "session_id": "abc"}
+VLLM_ARRAY_STORED_OLD = ["BlockStored", [BIG], None, TOKENS, 16, None]                    # 5 fields (old vLLM)
+VLLM_ARRAY_STORED_FULL = ["BlockStored", [BIG], 3, TOKENS, 16, None, "GPU", "lora-a", [None], 1, "sliding_window", 128]
+SGLANG_STORED = ["BlockStored", [5], None, TOKENS, 16, None, "GPU"]
+SGLANG_STORED_META = ["BlockStored", [5], None, TOKENS, 16, None, "GPU", {"cache_salt": "secret"}]
+
+
+def frames(payload, seq=0, topic=b"kv"):
+    return [topic, seq.to_bytes(8, "big"), payload]
+
+
+@pytest.fixture
+def dec():
+    return kv.KVDecoder()
+
+
+# --- encodings -------------------------------------------------------------------------------
+CASES = [
+    # id, batch object, expected (batch fmt, event fmt, engine, hash kind, types)
+    ("vllm-map-events", [1.5, [VLLM_MAP_STORED, {"type": "BlockRemoved", "block_hashes": [BIG], "medium": "GPU"}], 0],
+     ("array", "map", "vllm", ["BlockStored", "BlockRemoved"])),
+    ("vllm-map-batch", {"ts": 1.5, "events": [VLLM_MAP_STORED], "data_parallel_rank": 2},
+     ("map", "map", "vllm", ["BlockStored"])),
+    ("vllm-map-no-rank", [1, [VLLM_MAP_STORED, {"type": "AllBlocksCleared"}]],
+     ("array", "map", "vllm", ["BlockStored", "AllBlocksCleared"])),
+    ("vllm-array-old", [1.5, [VLLM_ARRAY_STORED_OLD, ["BlockRemoved", [BIG]], ["AllBlocksCleared"]]],
+     ("array", "array", None, ["BlockStored", "BlockRemoved", "AllBlocksCleared"])),
+    ("vllm-array-full", [1.5, [VLLM_ARRAY_STORED_FULL, ["BlockRemoved", [BIG], "GPU", 1]], 0],
+     ("array", "array", "vllm", ["BlockStored", "BlockRemoved"])),
+    ("sglang-array", [1.5, [SGLANG_STORED, ["BlockRemoved", [5], "CPU_PINNED"]], 0],
+     ("array", "array", "sglang", ["BlockStored", "BlockRemoved"])),
+    ("sglang-metadata", [1.5, [SGLANG_STORED_META], 1], ("array", "array", "sglang", ["BlockStored"])),
+    ("sglang-map-batch", {"ts": 1.5, "events": [SGLANG_STORED], "attn_dp_rank": 3}, ("map", "array", "sglang", ["BlockStored"])),
+    ("vllm-bytes-hashes", [1.5, [dict(VLLM_MAP_STORED, block_hashes=[BYTES_HASH], parent_block_hash=BYTES_HASH)], 0],
+     ("array", "map", "vllm", ["BlockStored"])),
+]
+
+
+@pytest.mark.parametrize("obj,expected", [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+def test_every_encoding(dec, obj, expected):
+    batch_fmt, event_fmt, engine, types = expected
+    batch = dec.decode_frames(frames(ENC(obj), seq=7))
+    assert batch.seq == 7 and batch.topic == "kv"
+    assert batch.batch_format == batch_fmt
+    assert batch.event_format == event_fmt
+    assert batch.engine_hint == engine
+    assert [e.type for e in batch.events] == types
+    assert not batch.errors and not batch.unknown
+    stored = batch.events[0]
+    assert stored.token_count == 32
+    assert stored.token_ids is None  # redacted by default
+    assert stored.block_size == 16
+
+
+def test_uint64_and_bytes_hashes_survive(dec):
+    batch = dec.decode_payload(ENC([0, [VLLM_MAP_STORED], 0]))
+    assert batch.fast and batch.events[0].block_hashes == [BIG, 7]
+    batch = dec.decode_payload(ENC([0, [dict(VLLM_MAP_STORED, block_hashes=[BYTES_HASH])], 0]))
+    assert batch.events[0].block_hashes == [BYTES_HASH]
+    assert batch.events[0].to_dict()["block_hashes"] == [BYTES_HASH.hex()]
+
+
+def test_rank_from_batch(dec):
+    assert dec.decode_payload(ENC({"ts": 1, "events": [], "data_parallel_rank": 2})).rank == 2
+    assert dec.decode_payload(ENC({"ts": 1, "events": [SGLANG_STORED], "attn_dp_rank": 3})).rank == 3
+    assert dec.decode_payload(ENC([1, []])).rank is None
+
+
+def test_sglang_metadata_redacted_to_flag(dec):
+    ev = dec.decode_payload(ENC([1, [SGLANG_STORED_META], 0])).events[0]
+    assert ev.has_cache_salt is True
+    assert "secret" not in json.dumps(ev.to_dict())
+
+
+def test_forced_engine_selects_sglang_order():
+    batch = kv.KVDecoder(engine="sglang").decode_payload(ENC([1, [SGLANG_STORED_META], 0]))
+    assert batch.engine_hint == "sglang" and batch.events[0].has_cache_salt
+
+
+def test_token_ids_opt_in():
+    for obj in ([1, [VLLM_MAP_STORED], 0], [1, [VLLM_ARRAY_STORED_OLD], 0]):
+        ev = kv.KVDecoder(include_token_ids=True).decode_payload(ENC(obj)).events[0]
+        assert list(ev.token_ids) == TOKENS and ev.to_dict()["token_ids"] == TOKENS
+        ev = kv.KVDecoder().decode_payload(ENC(obj)).events[0]
+        assert "token_ids" not in ev.to_dict()
+
+
+def test_large_token_array_counts_without_decoding(dec):
+    big = dict(VLLM_MAP_STORED, token_ids=list(range(70000)))
+    assert dec.decode_payload(ENC([1, [big], 0])).events[0].token_count == 70000
+    mid = dict(VLLM_MAP_STORED, token_ids=list(range(300)))
+    assert dec.decode_payload(ENC([1, [mid], 0])).events[0].token_count == 300
+
+
+def test_unknown_event_types_counted_not_fatal(dec):
+    batch = dec.decode_payload(ENC([1, [VLLM_MAP_STORED, {"type": "Future", "x": 1}, ["AlsoNew", 1]], 0]))
+    assert [e.type for e in batch.events] == ["BlockStored"]
+    assert batch.unknown == {"Future": 1, "AlsoNew": 1}
+    assert not batch.errors
+
+
+def test_unknown_extra_fields_ignored(dec):
+    ev = dict(VLLM_MAP_STORED, brand_new_field=[1, 2, {"a": 1}])
+    assert dec.decode_payload(ENC([1, [ev], 0])).events[0].block_size == 16
+    arr = VLLM_ARRAY_STORED_FULL + ["locality", "more"]
+    assert dec.decode_payload(ENC([1, [arr], 0])).events[0].kv_cache_spec_sliding_window == 128
+
+
+# --- malformed input ---------------------------------------------------------------------------
+MALFORMED_FRAMES = [
+    ("two-frames", [b"kv", b"\x00" * 8], "2 frames instead of 3"),
+    ("four-frames", [b"kv", b"\x00" * 8, b"x", b"y"], "4 frames instead of 3"),
+    ("short-seq", [b"kv", b"\x00" * 4, ENC([1, []])], "4 bytes instead of 8"),
+    ("garbage", [b"kv", b"\x00" * 8, b"\xc1\xc1"], "not valid msgpack"),
+    ("truncated", [b"kv", b"\x00" * 8, ENC([1, [VLLM_MAP_STORED]])[:-3]], "not valid msgpack"),
+    ("huge-array-header", [b"kv", b"\x00" * 8, b"\xdd\xff\xff\xff\xff"], "not valid msgpack"),
+    ("scalar-batch", [b"kv", b"\x00" * 8, ENC(5)], "is a int"),
+    ("short-batch", [b"kv", b"\x00" * 8, ENC([1])], "1 elements"),
+    ("events-not-list", [b"kv", b"\x00" * 8, ENC([1, {"a": 1}])], "events are a dict"),
+    ("ts-string", [b"kv", b"\x00" * 8, ENC(["now", []])], "timestamp is a str"),
+    ("rank-string", [b"kv", b"\x00" * 8, ENC([1, [], "zero"])], "rank is a str"),
+    ("map-without-events", [b"kv", b"\x00" * 8, ENC({"ts": 1})], "no 'events' key"),
+]
+
+
+@pytest.mark.parametrize("msg,reason", [c[1:] for c in MALFORMED_FRAMES], ids=[c[0] for c in MALFORMED_FRAMES])
+def test_malformed_messages_reported(dec, msg, reason):
+    with pytest.raises(kv.MalformedMessage, match=reason):
+        dec.decode_frames(msg)
+
+
+def test_payload_size_limit():
+    with pytest.raises(kv.MalformedMessage, match="exceeds"):
+        kv.KVDecoder(max_payload=10).decode_payload(ENC([1, [VLLM_MAP_STORED]]))
+
+
+MALFORMED_EVENTS = [
+    ("wrong-hash-type", dict(VLLM_MAP_STORED, block_hashes=["abc"]), "block_hashes is not a list"),
+    ("hash-float", dict(VLLM_MAP_STORED, block_hashes=[1.5]), "block_hashes"),
+    ("block-size-str", dict(VLLM_MAP_STORED, block_size="16"), "block_size is a str"),
+    ("medium-int", dict(VLLM_MAP_STORED, medium=3), "medium is a int"),
+    ("tokens-not-list", dict(VLLM_MAP_STORED, token_ids="abc"), "token_ids is not a list"),
+    ("parent-str", dict(VLLM_MAP_STORED, parent_block_hash="p"), "parent_block_hash"),
+    ("no-type", {"block_hashes": [1]}, "no string 'type'"),
+    ("scalar-event", 17, "an event is a int"),
+    ("removed-bad", {"type": "BlockRemoved", "block_hashes": 5}, "BlockRemoved.block_hashes"),
+    ("bool-as-int", dict(VLLM_MAP_STORED, block_size=True), "block_size is a bool"),
+]
+
+
+@pytest.mark.parametrize("event,reason", [c[1:] for c in MALFORMED_EVENTS], ids=[c[0] for c in MALFORMED_EVENTS])
+def test_malformed_events_reported_and_others_kept(dec, event, reason):
+    batch = dec.decode_payload(ENC([1, [event, VLLM_MAP_STORED], 0]))
+    assert len(batch.errors) == 1 and reason in batch.errors[0]
+    assert [e.type for e in batch.events] == ["BlockStored"]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=256), st.binary(max_size=12))
+def test_random_bytes_never_crash(payload, seq):
+    dec = kv.KVDecoder()
+    try:
+        batch = dec.decode_frames([b"kv", seq, payload])
+    except kv.MalformedMessage as exc:
+        assert str(exc)
+    else:
+        assert isinstance(batch.events, list)
+
+
+SCALARS = st.one_of(st.none(), st.booleans(), st.integers(min_value=-(1 << 63), max_value=(1 << 64) - 1), st.floats(),
+                    st.text(max_size=5), st.binary(max_size=5))
+MSGPACK_OBJ = st.recursive(SCALARS, lambda c: st.one_of(st.lists(c, max_size=5), st.dictionaries(st.text(max_size=5), c, max_size=5)),
+                           max_leaves=20)
+
+
+@settings(max_examples=300, deadline=None)
+@given(MSGPACK_OBJ)
+def test_random_msgpack_structures_never_crash(obj):
+    try:
+        batch = kv.KVDecoder().decode_payload(ENC(obj))
+    except kv.MalformedMessage:
+        return
+    stats = kv.KVStats()
+    stats.add_batch(batch)
+    json.dumps(stats.facts())
+
+
+# --- replay replies -----------------------------------------------------------------------------
+REPLIES = [
+    ("with-topic", [b"", b"kv", (5).to_bytes(8, "big"), b"P"], ("kv", 5, b"P", False)),
+    ("without-topic", [b"", (5).to_bytes(8, "big"), b"P"], (None, 5, b"P", False)),
+    ("no-delimiter", [(5).to_bytes(8, "big"), b"P"], (None, 5, b"P", False)),
+    ("end-with-topic", [b"", b"", b"\xff" * 8, b""], ("", kv.END_SEQ, b"", True)),
+    ("end-without-topic", [b"", b"\xff" * 8, b""], (None, kv.END_SEQ, b"", True)),
+    ("empty-payload-is-end", [b"", b"kv", (9).to_bytes(8, "big"), b""], ("kv", kv.END_SEQ, b"", True)),
+]
+
+
+@pytest.mark.parametrize("reply,expected", [c[1:] for c in REPLIES], ids=[c[0] for c in REPLIES])
+def test_replay_reply_shapes(reply, expected):
+    assert kv.parse_replay_reply(reply) == expected
+
+
+@pytest.mark.parametrize("reply", [[b""], [b"", b"a", b"b", b"c", b"d"], [b"", b"kv", b"\x00", b"P"]])
+def test_replay_reply_malformed(reply):
+    with pytest.raises(kv.MalformedMessage):
+        kv.parse_replay_reply(reply)
+
+
+# --- sequence bookkeeping -----------------------------------------------------------------------
+def test_sequence_gaps_restarts_duplicates():
+    tr = kv.SequenceTracker()
+    assert tr.observe("t", 0, 5)[0] == "first"  # joined late: not a gap
+    assert tr.observe("t", 0, 6)[0] == "next"
+    state, gap = tr.observe("t", 0, 9)
+    assert state == "gap" and (gap["start"], gap["end"], gap["missing"]) == (7, 8, 2)
+    assert tr.observe("t", 0, 9)[0] == "duplicate"
+    assert tr.observe("t", 0, 0) == ("restart", None)
+    state, gap = tr.observe("t", 1, 3)  # another rank is another stream
+    assert state == "first" and gap is None
+    state, gap = tr.observe("t", 0, 2)  # 0 -> 2 after the restart: seq 1 missing
+    assert state == "gap" and (gap["start"], gap["end"]) == (1, 1)
+    facts = tr.facts()
+    assert facts["gaps"]["found"] == 2 and facts["gaps"]["unrepaired"] == 2
+    assert facts["seq"]["t#0"] == {"first": 5, "last": 2, "batches": 6}
+    assert facts["restarts"] == [{"stream": "t#0", "topic": "t", "rank": 0, "from": 9, "to": 0}]
+
+
+def test_restart_with_missed_start_is_a_gap():
+    tr = kv.SequenceTracker()
+    tr.observe("t", 0, 10)
+    state, gap = tr.observe("t", 0, 3)
+    assert state == "restart" and (gap["start"], gap["end"]) == (0, 2)
+
+
+def test_stats_facts():
+    dec = kv.KVDecoder()
+    stats = kv.KVStats()
+    stats.add_batch(dec.decode_frames(frames(ENC([1, [VLLM_MAP_STORED], 0]), topic=b"a")))
+    stats.add_batch(dec.decode_frames(frames(ENC([1, [{"type": "BlockRemoved", "block_hashes": [BIG], "medium": "GPU"}], 1]))))
+    stats.add_batch(dec.decode_frames(frames(ENC([1, [dict(VLLM_MAP_STORED, block_size=32, block_hashes=[BYTES_HASH])], 0]))))
+    facts = stats.facts()
+    assert facts["counts"] == {"BlockStored": 2, "BlockRemoved": 1, "AllBlocksCleared": 0}
+    assert facts["stored_blocks"] == 3 and facts["stored_tokens"] == 64 and facts["removed_blocks"] == 1
+    assert facts["removed_after_stored"] == 1
+    assert facts["block_size"] == [16, 32]
+    assert facts["wire_format"] == {"batch": "array", "events": "map", "hashes": ["bytes", "int"]}
+    assert facts["ranks"] == [0, 1] and facts["topics"] == {"a": 1, "kv": 2}
+    assert facts["engine"] == "vllm"
+    assert all("token_ids" not in s for s in facts["sample"])
+    json.dumps(facts)
+
+
+def test_offset_endpoint():
+    assert kv.offset_endpoint("tcp://*:5557", 0) == "tcp://*:5557"
+    assert kv.offset_endpoint("tcp://*:5557", 2) == "tcp://*:5559"
+    assert kv.offset_endpoint("ipc:///tmp/kv", 1) == "ipc:///tmp/kv_dp1"
+    with pytest.raises(ValueError):
+        kv.offset_endpoint("tcp://host", 1)
+
+
+@pytest.mark.parametrize("fmt", kvz.WIRE_FORMATS)
+@pytest.mark.parametrize("hash_kind", ["int", "bytes"])
+def test_synthetic_publisher_payloads_decode(fmt, hash_kind):
+    dec = kv.KVDecoder()
+    payload = kvz.encode_batch(kvz.synthetic_events(fmt, 4, hash_kind=hash_kind, salted=True), rank=1)
+    batch = dec.decode_payload(payload)
+    assert [e.type for e in batch.events] == ["BlockStored", "BlockRemoved"]
+    assert batch.rank == 1 and not batch.errors

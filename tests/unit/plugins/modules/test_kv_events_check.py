@@ -1,0 +1,192 @@
+# -*- coding: utf-8 -*-
+# Copyright (c) inference_cache.substrate contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+"""kv_events_check through AnsibleModule (set_module_args / AnsibleExitJson pattern), TCP on 127.0.0.1."""
+
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type  # pylint: disable=invalid-name
+
+import contextlib
+import json
+import socket
+import threading
+from http.server import BaseHTTPRequestHandler, HTTPServer
+
+import pytest
+from ansible.module_utils import basic
+from ansible.module_utils.testing import patch_module_args
+
+from ansible_collections.inference_cache.substrate.plugins.modules import kv_events_check
+
+
+class AnsibleExitJson(Exception):
+    pass
+
+
+class AnsibleFailJson(Exception):
+    pass
+
+
+def exit_json(self, **kwargs):  # pylint: disable=unused-argument
+    kwargs.setdefault("changed", False)
+    raise AnsibleExitJson(kwargs)
+
+
+def fail_json(self, **kwargs):  # pylint: disable=unused-argument
+    kwargs["failed"] = True
+    raise AnsibleFailJson(kwargs)
+
+
+@pytest.fixture(autouse=True)
+def patch_module(monkeypatch):
+    monkeypatch.setattr(basic.AnsibleModule, "exit_json", exit_json)
+    monkeypatch.setattr(basic.AnsibleModule, "fail_json", fail_json)
+
+
+@contextlib.contextmanager
+def set_module_args(args):
+    with patch_module_args(args):
+        yield
+
+
+def free_port():
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    sock.close()
+    return port
+
+
+def run_module(args, check_mode=False):
+    if check_mode:
+        args = dict(args, _ansible_check_mode=True)
+    with set_module_args(args):
+        with pytest.raises((AnsibleExitJson, AnsibleFailJson)) as info:
+            kv_events_check.main()
+    return info.type is AnsibleExitJson, info.value.args[0]
+
+
+@pytest.mark.parametrize("check_mode", [False, True])
+def test_success_connect_mode(publisher, check_mode):
+    ep = "tcp://127.0.0.1:%d" % free_port()
+    with publisher(ep, bind=True, topic="kv-events", count=4):
+        ok, res = run_module({"endpoint": ep, "topic": "kv", "timeout": 5, "settle": 0.2, "expect": {"BlockStored": 4}}, check_mode)
+    assert ok, res
+    assert res["changed"] is False
+    assert res["counts"]["BlockStored"] == 4 and res["engine"] == "vllm"
+    assert res["wire_format"] == {"batch": "array", "events": "map", "hashes": "int"}
+    for key in ("counts", "batches", "seq", "gaps", "restarts", "topics", "ranks", "block_size", "stored_blocks", "stored_tokens",
+                "removed_blocks", "wire_format", "engine", "sample", "malformed", "unknown_event_types", "elapsed", "trigger"):
+        assert key in res
+
+
+def test_success_bind_mode_with_replay(publisher):
+    ep, rep = "tcp://127.0.0.1:%d" % free_port(), "tcp://127.0.0.1:%d" % free_port()
+    with publisher(ep, bind=False, replay_endpoint=rep, count=6, drop_at={2}):
+        ok, res = run_module({"endpoint": ep, "socket_mode": "bind", "replay_endpoint": rep, "timeout": 5, "settle": 0.2,
+                              "expect": {"BlockStored": 6}})
+    assert ok, res
+    assert res["gaps"]["repaired"] == 1
+
+
+FAILURES = [
+    ("nothing-bound", {"timeout": 0.3}, None, "the connection never completed, so nothing is bound there"),
+    ("nobody-connects", {"timeout": 0.3, "socket_mode": "bind"}, None, "no publisher connected"),
+    ("topic-mismatch", {"timeout": 1.0, "topic": "kv@"}, {"topic": "kv-events"}, "but messages arrived under topic 'kv-events'"),
+    ("unmet", {"timeout": 1.0, "expect": {"AllBlocksCleared": 1}}, {}, "Expectations not met within 1.0s"),
+    ("gap", {"timeout": 2.0}, {"drop_at": {1}}, "1 sequence gap left 1 batch missing"),
+    ("malformed", {"timeout": 2.0}, {"malformed_at": {0}}, "were malformed; first: the payload is not valid msgpack"),
+    ("bad-expect", {"expect": {"Nope": 1}}, None, "expect names an unknown event type 'Nope'"),
+    ("wildcard-connect", {"endpoint": "tcp://*:1"}, None, "an endpoint with '*' can only be bound"),
+]
+
+
+@pytest.mark.parametrize("args,pub,msg", [f[1:] for f in FAILURES], ids=[f[0] for f in FAILURES])
+def test_failures(publisher, args, pub, msg):
+    ep = "tcp://127.0.0.1:%d" % free_port()
+    args = dict({"endpoint": ep, "settle": 0.2}, **args)
+    if pub is None:
+        ok, res = run_module(args)
+    else:
+        with publisher(ep, bind=True, count=3, **pub):
+            ok, res = run_module(args)
+    assert not ok
+    assert msg in res["msg"]
+    assert res["changed"] is False and "counts" in res
+    assert "Traceback" not in res["msg"]
+
+
+def test_bind_in_use(publisher):
+    ep = "tcp://127.0.0.1:%d" % free_port()
+    with publisher(ep, bind=True, count=0, wait_subscriber=0, linger=2):
+        ok, res = run_module({"endpoint": ep, "socket_mode": "bind", "timeout": 0.5})
+    assert not ok and "the address is already in use" in res["msg"]
+
+
+def test_trigger_api_key_is_no_log():
+    spec = kv_events_check.CHECK_ARG_SPEC["trigger"]["options"]
+    assert spec["api_key"]["no_log"] is True
+
+
+@pytest.mark.parametrize("missing,lib", [("HAS_ZMQ", "pyzmq"), ("HAS_MSGSPEC", "msgspec")])
+def test_missing_library(monkeypatch, missing, lib):
+    monkeypatch.setattr(kv_events_check, missing, False)
+    ok, res = run_module({"endpoint": "tcp://127.0.0.1:1"})
+    assert not ok and "Failed to import the required Python library (%s)" % lib in res["msg"]
+
+
+class _FakeOpenAI(BaseHTTPRequestHandler):
+    requests = []
+
+    def do_POST(self):  # noqa: N802  pylint: disable=invalid-name
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        _FakeOpenAI.requests.append((self.path, body, self.headers.get("Authorization")))
+        self._reply({"usage": {"prompt_tokens": 40, "prompt_tokens_details": {"cached_tokens": 16}}})
+
+    def do_GET(self):  # noqa: N802  pylint: disable=invalid-name
+        self._reply({"data": [{"id": "tiny"}]})
+
+    def _reply(self, obj):
+        data = json.dumps(obj).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *args):  # pylint: disable=arguments-differ
+        pass
+
+
+@pytest.fixture
+def fake_openai():
+    server = HTTPServer(("127.0.0.1", 0), _FakeOpenAI)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    _FakeOpenAI.requests = []
+    yield "http://127.0.0.1:%d" % server.server_address[1]
+    server.shutdown()
+    server.server_close()
+
+
+def test_trigger_through_open_url(publisher, fake_openai):
+    ep = "tcp://127.0.0.1:%d" % free_port()
+    with publisher(ep, bind=True, count=2):
+        ok, res = run_module({"endpoint": ep, "timeout": 10, "settle": 0.2,
+                              "trigger": {"url": fake_openai, "api_key": "sekrit", "prompt": "hello " * 40, "delay": 0.1}})
+    assert ok, res
+    assert res["trigger"] == {"sent": True, "url": fake_openai + "/v1/completions", "status": 200, "model": "tiny",
+                              "prompt_tokens": 40, "cached_tokens": 16}
+    assert _FakeOpenAI.requests[0][0] == "/v1/completions" and _FakeOpenAI.requests[0][2] == "Bearer sekrit"
+    assert "hello" not in json.dumps(res)  # the prompt is never returned
+
+
+def test_trigger_http_error_message(publisher):
+    ep = "tcp://127.0.0.1:%d" % free_port()
+    with publisher(ep, bind=True, count=2):
+        ok, res = run_module({"endpoint": ep, "timeout": 5, "trigger": {"url": "http://127.0.0.1:%d" % free_port(), "model": "m"}})
+    assert not ok and res["msg"].startswith("The trigger request to http://127.0.0.1:")
+    assert res["trigger"]["sent"] is True and res["peer_connected"] == [True] and "counts" in res

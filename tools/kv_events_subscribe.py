@@ -1,0 +1,91 @@
+#!/usr/bin/env python
+# -*- coding: utf-8 -*-
+# Copyright (c) inference_cache.substrate contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+"""Subscribe to a vLLM / SGLang KV-event stream and print one JSON line per event (redacted), then a summary.
+
+Example (the local vLLM engine connects to tcp://127.0.0.1:5557, so bind):
+  tools/kv_events_subscribe.py --endpoint tcp://127.0.0.1:5557 --bind --topic kv-events --max 10 --json
+Exit status: 0 when at least one batch arrived and nothing was malformed, 1 otherwise (one sentence on stderr).
+"""
+
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type  # pylint: disable=invalid-name
+
+import argparse
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _loader import module_utils  # noqa: E402  pylint: disable=wrong-import-position
+
+
+def parse_args(argv):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--endpoint", required=True, help="ZMQ endpoint, e.g. tcp://127.0.0.1:5557")
+    parser.add_argument("--bind", action="store_true", help="bind the endpoint (the engine connects); default: connect")
+    parser.add_argument("--topic", default="", help="topic prefix to accept (default: all)")
+    parser.add_argument("--engine", default="auto", choices=["auto", "vllm", "sglang"])
+    parser.add_argument("--data-parallel-size", type=int, default=1)
+    parser.add_argument("--replay-endpoint", help="ROUTER replay endpoint used to repair sequence gaps")
+    parser.add_argument("--max", type=int, default=0, help="stop after this many events (default: until --timeout)")
+    parser.add_argument("--timeout", type=float, default=30.0, help="seconds to listen in total (default 30)")
+    parser.add_argument("--settle", type=float, default=1.0, help="with --max 0: stop after a quiet period once events arrived")
+    parser.add_argument("--json", action="store_true", help="print the summary as JSON (events are always JSON lines)")
+    parser.add_argument("--include-token-ids", action="store_true", help="opt in to printing token ids")
+    return parser.parse_args(argv)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    kv = module_utils("_kv_events")
+    check = module_utils("_kv_check")
+    if not kv.HAS_MSGSPEC or not module_utils("_kv_zmq").HAS_ZMQ:
+        sys.stderr.write("error: this tool needs the pyzmq and msgspec Python libraries (pip install pyzmq msgspec).\n")
+        return 2
+    params = {
+        "endpoint": args.endpoint, "socket_mode": "bind" if args.bind else "connect", "topic": args.topic,
+        "engine": args.engine, "data_parallel_size": args.data_parallel_size, "replay_endpoint": args.replay_endpoint,
+        "timeout": args.timeout, "expect": {}, "settle": 0.0 if args.max else args.settle, "include_token_ids": args.include_token_ids,
+    }
+    runner = check.KVEventsCheck(params)
+    printed = [0]
+    add = runner.add
+
+    def add_and_print(batch):
+        add(batch)
+        for line in kv.batch_json_lines(batch, args.include_token_ids):
+            if args.max and printed[0] >= args.max:
+                return
+            sys.stdout.write(line + "\n")
+            printed[0] += 1
+        sys.stdout.flush()
+
+    runner.add = add_and_print
+    if args.max:
+        runner.met = lambda: printed[0] >= args.max
+    try:
+        facts = runner.run()
+        status = 0
+    except check.CheckFailed as exc:
+        facts, status = exc.facts, 1
+        sys.stderr.write("error: %s\n" % exc.msg)
+    except KeyboardInterrupt:
+        return 130
+    summary = dict((k, facts.get(k)) for k in ("counts", "batches", "seq", "gaps", "restarts", "topics", "other_topics", "ranks",
+                                               "block_size", "stored_blocks", "stored_tokens", "removed_blocks", "wire_format",
+                                               "engine", "malformed", "unknown_event_types", "elapsed"))
+    if args.json:
+        sys.stdout.write(json.dumps({"summary": summary}, sort_keys=True) + "\n")
+    else:
+        sys.stderr.write("summary: %d batches, counts %s, engine %s, wire %s, gaps %s, %.2fs\n" % (
+            summary["batches"] or 0, summary["counts"], summary["engine"], summary["wire_format"], summary["gaps"], summary["elapsed"] or 0))
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())
