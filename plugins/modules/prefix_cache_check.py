@@ -1,0 +1,297 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright (c) inference_cache.substrate contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type  # pylint: disable=invalid-name
+
+DOCUMENTATION = r"""
+module: prefix_cache_check
+short_description: Prove that an LLM server's prefix cache hits, with a cold and a warm request
+version_added: 0.1.0
+description:
+  - Sends a cold and a warm completion that share a long prefix to an OpenAI-compatible server (vLLM, SGLang).
+    A unique nonce at the start of the prefix makes the cold request really cold.
+  - Measures time to first token (by streaming) and total latency of both, reads the engine's Prometheus counters
+    before, between and after, and reports the prefix-cache hit and query token deltas of each request, the
+    C(cached_tokens) the server reports in C(usage.prompt_tokens_details), and the cold/warm ratios.
+  - "Picks the counters the metrics page exposes: vLLM C(vllm:prefix_cache_hits_total) and
+    C(vllm:prefix_cache_queries_total) (or the deprecated C(vllm:gpu_prefix_cache_*)), SGLang
+    C(sglang:cached_tokens_total) and C(sglang:prompt_tokens_total)."
+  - Counts prefix tokens with the server's C(/tokenize) endpoint; without one the length is estimated and a warning
+    says so. A prefix shorter than one block is refused, because it is never cached.
+  - Fails with one sentence when the server or its metrics cannot be reached, or when an expectation does not hold.
+  - The counters are server-wide, so concurrent traffic on the same server can add to the measured deltas.
+  - The module never changes anything (the requests only fill the server's cache).
+author:
+  - inference_cache maintainers (@inference-cache)
+extends_documentation_fragment:
+  - inference_cache.substrate._attributes
+  - inference_cache.substrate._attributes.CHECK
+options:
+  url:
+    description: Base URL of the OpenAI-compatible server, without C(/v1).
+    type: str
+    default: http://127.0.0.1:8000
+  metrics_url:
+    description: URL of the Prometheus metrics page. Defaults to O(url) followed by C(/metrics).
+    type: str
+  model:
+    description: Model name to send. Defaults to the first model the server lists at C(/v1/models).
+    type: str
+  api_key:
+    description: Bearer token for the server.
+    type: str
+  prefix:
+    description:
+      - Shared prefix text to use instead of a generated one. The nonce is put in front of it.
+      - Mutually exclusive with O(prefix_tokens).
+    type: str
+  prefix_tokens:
+    description:
+      - Length in tokens of the generated shared prefix (nonce included), measured with the server's tokenizer.
+      - Must be at least one block; several blocks give a clearer signal.
+    type: int
+    default: 256
+  block_size:
+    description:
+      - KV-cache block size of the engine in tokens.
+      - Defaults to the C(block_size) label of C(vllm:cache_config_info), else 16 with a warning.
+    type: int
+  engine:
+    description: Which engine's counters to read; V(auto) picks by what the metrics page exposes.
+    type: str
+    choices: [auto, vllm, sglang]
+    default: auto
+  max_tokens:
+    description: Tokens to generate per request.
+    type: int
+    default: 8
+  timeout:
+    description: Timeout in seconds of each HTTP request.
+    type: float
+    default: 60
+  min_hit_tokens:
+    description:
+      - Least number of prefix-cache hit tokens the warm request must show. Defaults to one block.
+      - V(0) disables the expectation.
+    type: int
+  expect_warm_faster:
+    description: Fail unless the warm request's time to first token is lower than the cold one's.
+    type: bool
+    default: false
+requirements:
+  - prometheus_client
+notes:
+  - Use a prefix of several blocks; only full blocks are cached, so the expected hit is the prefix length rounded
+    down to a block (RV(expected_hit_tokens)).
+seealso:
+  - module: inference_cache.substrate.kv_events_check
+"""
+
+EXAMPLES = r"""
+- name: Prove that the local vLLM engine's prefix cache hits
+  inference_cache.substrate.prefix_cache_check:
+    url: http://127.0.0.1:8000
+    model: tiny
+    prefix_tokens: 512
+    min_hit_tokens: 256
+  register: prefix_cache
+
+- name: Check an SGLang server behind a token, and require a faster warm request
+  inference_cache.substrate.prefix_cache_check:
+    url: https://sglang.example.com
+    api_key: "{{ sglang_token }}"
+    engine: sglang
+    expect_warm_faster: true
+"""
+
+RETURN = r"""
+engine:
+  description: Engine whose counters were read.
+  returned: always
+  type: str
+  sample: vllm
+model:
+  description: Model the requests named.
+  returned: always
+  type: str
+  sample: tiny
+url:
+  description: Base URL of the server.
+  returned: always
+  type: str
+  sample: http://127.0.0.1:8000
+metrics_url:
+  description: URL of the metrics page read.
+  returned: always
+  type: str
+  sample: http://127.0.0.1:8000/metrics
+metric_names:
+  description: Names of the hit and query counters read.
+  returned: success
+  type: dict
+  sample: {hits: "vllm:prefix_cache_hits_total", queries: "vllm:prefix_cache_queries_total"}
+nonce:
+  description: Unique text at the start of the shared prefix.
+  returned: success
+  type: str
+  sample: 6f1c0a3e9d2b4c5a8e7f6d5c4b3a2910
+block_size:
+  description: Block size used for the expectations, in tokens.
+  returned: success
+  type: int
+  sample: 32
+block_size_source:
+  description: Where the block size came from (V(option), V(metrics) or V(default)).
+  returned: success
+  type: str
+  sample: metrics
+prefix_tokens:
+  description: Length of the shared prefix in tokens, nonce and start-of-text token included.
+  returned: success
+  type: int
+  sample: 260
+prefix_tokens_estimated:
+  description: Whether RV(prefix_tokens) is an estimate because the server has no C(/tokenize) endpoint.
+  returned: success
+  type: bool
+  sample: false
+expected_hit_tokens:
+  description: RV(prefix_tokens) rounded down to a full block, the hit a working cache should show.
+  returned: success
+  type: int
+  sample: 256
+cold:
+  description: The cold request.
+  returned: success
+  type: dict
+  contains:
+    ttft:
+      description: Time to first token in seconds.
+      type: float
+      sample: 0.088
+    latency:
+      description: Total latency in seconds.
+      type: float
+      sample: 0.12
+    prompt_tokens:
+      description: Prompt tokens from the usage the server reported (null when none).
+      type: int
+      sample: 268
+    completion_tokens:
+      description: Generated tokens from the usage the server reported (null when none).
+      type: int
+      sample: 8
+    cached_tokens:
+      description: C(usage.prompt_tokens_details.cached_tokens), null when the server does not report it.
+      type: int
+      sample: 0
+    hit_tokens:
+      description: Increase of the hit counter over this request.
+      type: int
+      sample: 0
+    query_tokens:
+      description: Increase of the query counter over this request.
+      type: int
+      sample: 268
+warm:
+  description: The warm request, with the same keys as RV(cold).
+  returned: success
+  type: dict
+  sample: {ttft: 0.025, latency: 0.06, prompt_tokens: 270, completion_tokens: 8, cached_tokens: 256, hit_tokens: 256, query_tokens: 270}
+hit_tokens:
+  description: Prefix-cache hit tokens of the warm request, from the metrics.
+  returned: success
+  type: int
+  sample: 256
+query_tokens:
+  description: Prefix-cache query tokens of both requests, from the metrics.
+  returned: success
+  type: int
+  sample: 538
+cached_tokens:
+  description: Cached prompt tokens the server reported for the warm request (null when it does not report them).
+  returned: success
+  type: int
+  sample: 256
+ttft_ratio:
+  description: Cold time to first token divided by warm time to first token.
+  returned: success
+  type: float
+  sample: 3.52
+latency_ratio:
+  description: Cold latency divided by warm latency.
+  returned: success
+  type: float
+  sample: 2.1
+failures:
+  description: The expectations that did not hold, one sentence each.
+  returned: failure
+  type: list
+  elements: str
+  sample: ["The warm request hit 32 cached tokens, fewer than min_hit_tokens=256."]
+"""
+
+
+from ansible.module_utils.basic import AnsibleModule, missing_required_lib
+
+from ansible_collections.inference_cache.substrate.plugins.module_utils._openai_http import OpenAIClient
+from ansible_collections.inference_cache.substrate.plugins.module_utils._prefix_cache import (
+    HAS_PROMETHEUS_CLIENT,
+    PROMETHEUS_CLIENT_IMPORT_ERROR,
+    PrefixCacheError,
+    PrefixCacheProbe,
+    evaluate,
+)
+
+ARGUMENT_SPEC = dict(
+    url=dict(type="str", default="http://127.0.0.1:8000"),
+    metrics_url=dict(type="str"),
+    model=dict(type="str"),
+    api_key=dict(type="str", no_log=True),
+    prefix=dict(type="str"),
+    prefix_tokens=dict(type="int", default=256, no_log=False),
+    block_size=dict(type="int"),
+    engine=dict(type="str", default="auto", choices=["auto", "vllm", "sglang"]),
+    max_tokens=dict(type="int", default=8, no_log=False),
+    timeout=dict(type="float", default=60),
+    min_hit_tokens=dict(type="int", no_log=False),
+    expect_warm_faster=dict(type="bool", default=False),
+)
+
+
+def main():
+    module = AnsibleModule(argument_spec=ARGUMENT_SPEC, mutually_exclusive=[("prefix", "prefix_tokens")], supports_check_mode=True)
+    if not HAS_PROMETHEUS_CLIENT:
+        module.fail_json(msg=missing_required_lib("prometheus_client"), exception=PROMETHEUS_CLIENT_IMPORT_ERROR)
+    params = module.params
+    url = params["url"].rstrip("/")
+    metrics_url = params["metrics_url"] or url + "/metrics"
+    base = dict(changed=False, url=url, metrics_url=metrics_url, model=params["model"], engine=params["engine"])
+    if params["block_size"] is not None and params["block_size"] < 1:
+        module.fail_json(msg="block_size must be a positive number of tokens.", **base)
+    client = OpenAIClient(url, api_key=params["api_key"], timeout=params["timeout"])
+    probe = PrefixCacheProbe(
+        client, metrics_url, model=params["model"], prefix=params["prefix"], prefix_tokens=params["prefix_tokens"],
+        block_size=params["block_size"], max_tokens=params["max_tokens"], engine=params["engine"],
+    )
+    try:
+        result = probe.run()
+    except PrefixCacheError as exc:
+        base["model"] = probe.model
+        module.fail_json(msg=str(exc), **base)
+    for warning in result.pop("warnings"):
+        module.warn(warning)
+    result.update(changed=False, url=url)
+    failures = evaluate(result, params["min_hit_tokens"], params["expect_warm_faster"])
+    if failures:
+        module.fail_json(msg=" ".join(failures), failures=failures, **result)
+    module.exit_json(**result)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,232 @@
+# -*- coding: utf-8 -*-
+# Copyright (c) inference_cache.substrate contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+"""End to end against the real local vLLM engine (REFERENCE part L).
+
+Assumes the engine that ``playbooks/site.yml`` starts is running at the default address (http://127.0.0.1:8000,
+KV events to tcp://127.0.0.1:5557, replay on 5558): run ``ansible-playbook playbooks/site.yml`` first, or set
+``LOCAL_ENGINE_START=1`` and this module runs it (and leaves the engine running for the next run). Without a running
+engine every test here is skipped with that reason; ``LOCAL_ENGINE_REQUIRED=1`` turns the skip into a failure (CI).
+
+The bad-input and restart tests start extra engine instances (instance names ``pytest-*``, ports 8100-8102 and 8110, replay ports 1000 higher)
+next to the default one, sharing its installation and model, and stop them again.
+"""
+
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type  # pylint: disable=invalid-name
+
+import fcntl
+import json
+import os
+import re
+import socket
+import subprocess
+import time
+
+import pytest
+
+from ansible_collections.inference_cache.substrate.plugins.module_utils import _openai_http as http
+from ansible_collections.inference_cache.substrate.plugins.module_utils import _prefix_cache as pc
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+URL = os.environ.get("LOCAL_ENGINE_URL", "http://127.0.0.1:8000")
+PLAYBOOK = os.path.join(os.path.dirname(os.path.join(ROOT, ".venv", "bin", "python")), "ansible-playbook")
+STATE_DIR = os.path.expanduser("~/.cache/inference_cache/local_engine")
+
+
+ENV = dict(os.environ, ANSIBLE_FORCE_COLOR="0", ANSIBLE_NOCOLOR="1", ANSIBLE_CALLBACK_RESULT_FORMAT="json")
+
+
+def _playbook(*args, timeout=900):
+    cmd = [PLAYBOOK if os.path.exists(PLAYBOOK) else "ansible-playbook"] + list(args)
+    return subprocess.run(cmd, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=timeout, check=False)
+
+
+def _check(args):
+    adhoc = os.path.join(os.path.dirname(PLAYBOOK), "ansible")
+    return subprocess.run([adhoc, "localhost", "-m", "inference_cache.substrate.prefix_cache_check", "-a", args],
+                          cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300, check=False)
+
+
+def _recap(output):
+    match = re.search(r"localhost\s*:\s*ok=(\d+)\s+changed=(\d+)\s+unreachable=(\d+)\s+failed=(\d+)", output)
+    assert match, output[-2000:]
+    return dict(zip(("ok", "changed", "unreachable", "failed"), map(int, match.groups())))
+
+
+def _engine_up():
+    try:
+        http.OpenAIClient(URL, timeout=3).get_text("/health")
+        return True
+    except http.OpenAIHTTPError:
+        return False
+
+
+@pytest.fixture(scope="module", autouse=True)
+def engine():
+    # One session at a time: the tests share the engine, the KV-event port the checker binds and the pytest-* instances.
+    os.makedirs(STATE_DIR, exist_ok=True)
+    with open(os.path.join(STATE_DIR, ".pytest.lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield _start_or_skip()
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def _start_or_skip():
+    if not _engine_up() and os.environ.get("LOCAL_ENGINE_START") == "1":
+        result = _playbook("playbooks/site.yml")
+        assert result.returncode == 0, result.stdout[-3000:]
+    if not _engine_up():
+        if os.environ.get("LOCAL_ENGINE_REQUIRED") == "1":
+            pytest.fail("No engine at %s: run ansible-playbook playbooks/site.yml first." % URL)
+        pytest.skip("No engine at %s: run ansible-playbook playbooks/site.yml first (or set LOCAL_ENGINE_START=1)." % URL)
+    return URL
+
+
+def test_probe_hits_on_the_real_engine():
+    client = http.OpenAIClient(URL, timeout=60)
+    result = pc.PrefixCacheProbe(client, URL + "/metrics", model="tiny", prefix_tokens=200).run()
+    assert result["engine"] == "vllm" and result["block_size"] == 32 and result["block_size_source"] == "metrics"
+    assert result["cold"]["hit_tokens"] == 0 and result["cold"]["cached_tokens"] == 0
+    assert result["hit_tokens"] == result["expected_hit_tokens"] >= 192
+    assert result["cached_tokens"] == result["hit_tokens"]
+    assert pc.evaluate(result) == []
+
+
+def test_prefix_cache_check_module_passes_and_fails():
+    args = "url=%s model=tiny prefix_tokens=128" % URL
+    run = _check(args)
+    assert run.returncode == 0, run.stdout[-2000:]
+    assert '"changed": false' in run.stdout and '"hit_tokens": 128' in run.stdout
+    # An expectation that cannot hold fails with one sentence.
+    run = _check(args + " min_hit_tokens=4096")
+    assert run.returncode != 0
+    assert "The warm request hit 128 cached tokens, fewer than min_hit_tokens=4096." in run.stdout
+    # A prefix shorter than one block is refused before anything is sent.
+    run = _check("url=%s model=tiny prefix_tokens=8" % URL)
+    assert run.returncode != 0 and "prefix_tokens=8 is shorter than one block (32 tokens)" in run.stdout
+    # A metrics page that is not there.
+    run = _check(args + " metrics_url=%s/nometrics" % URL)
+    assert run.returncode != 0 and "The metrics endpoint %s/nometrics is missing (HTTP 404)." % URL in run.stdout
+    # Nothing listening.
+    run = _check("url=http://127.0.0.1:9 model=tiny timeout=3")
+    assert run.returncode != 0 and "Cannot reach http://127.0.0.1:9/metrics" in run.stdout
+
+
+def test_verify_playbook_passes_and_writes_a_report(tmp_path):
+    result = _playbook("playbooks/verify.yml", "-e", "verify_report_dir=%s" % tmp_path)
+    assert result.returncode == 0, result.stdout[-3000:]
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["passed"] is True and report["failure"] is None
+    assert report["kv_events_cold"]["block_size"] == 32
+    assert report["kv_events_cold"]["stored_tokens"] >= report["kv_events_warm"]["trigger"]["cached_tokens"] >= 32
+    assert report["prefix_cache"]["hit_tokens"] >= 32
+    assert "PASSED" in (tmp_path / "summary.txt").read_text()
+    assert "Verification of http://127.0.0.1:8000" in result.stdout
+
+
+@pytest.mark.parametrize("extra, message", [
+    ("verify_block_size=64", "The KV events announce block size 32, but the engine's block size is 64"),
+    ("verify_min_hit_tokens=100000", "fewer than min_hit_tokens=100000"),
+    ("verify_kv_events_topic=nosuchtopic", "but messages arrived under topic 'kv@127.0.0.1:8000@tiny'"),
+])
+def test_verify_asserts_can_fail(tmp_path, extra, message):
+    result = _playbook("playbooks/verify.yml", "-e", "verify_report_dir=%s" % tmp_path, "-e", extra, "-e", "verify_kv_events_timeout=15")
+    assert result.returncode != 0
+    assert "Verification of http://127.0.0.1:8000 failed:" in result.stdout
+    assert message in result.stdout
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["passed"] is False and report["failure"]
+    assert "FAILED" in (tmp_path / "summary.txt").read_text()
+
+
+def test_site_second_run_changes_nothing():
+    pid_before = open(os.path.join(STATE_DIR, "run", "default", "engine.pid")).read()
+    started = time.monotonic()
+    result = _playbook("playbooks/site.yml", "--skip-tags", "molecule-idempotence-notest")
+    elapsed = time.monotonic() - started
+    assert result.returncode == 0, result.stdout[-3000:]
+    assert _recap(result.stdout)["changed"] == 0, result.stdout[-3000:]
+    assert open(os.path.join(STATE_DIR, "run", "default", "engine.pid")).read() == pid_before
+    assert elapsed < 60
+
+
+def test_check_mode_changes_nothing():
+    result = _playbook("playbooks/site.yml", "--check", "--tags", "local_engine")
+    assert result.returncode == 0, result.stdout[-3000:]
+    assert _recap(result.stdout)["changed"] == 0, result.stdout[-3000:]
+
+
+# -- bad input, each one sentence and no process left behind ---------------------------------------------------
+def _instance_vars(name, port):
+    return ["-e", "local_engine_instance=%s" % name, "-e", "local_engine_port=%d" % port,
+            "-e", "local_engine_kv_events_replay_endpoint=tcp://127.0.0.1:%d" % (port + 1000),
+            "-e", "local_engine_kv_events_topic=kv@127.0.0.1:%d@tiny" % port, "--tags", "local_engine"]
+
+
+def _gone(pid, wait=10.0):
+    """True once the process is gone or a zombie (the container's init may reap orphans late)."""
+    deadline = time.monotonic() + wait
+    while time.monotonic() < deadline:
+        try:
+            with open("/proc/%s/stat" % pid) as handle:
+                if handle.read().rsplit(")", 1)[1].split()[0] == "Z":
+                    return True
+        except OSError:
+            return True
+        time.sleep(0.2)
+    return False
+
+
+def _left(name):
+    pidfile = os.path.join(STATE_DIR, "run", name, "engine.pid")
+    return os.path.exists(pidfile)
+
+
+def test_port_in_use_is_named():
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(("127.0.0.1", 8100))
+        sock.listen(1)
+        result = _playbook("playbooks/site.yml", *_instance_vars("pytest-port", 8100))
+    assert result.returncode != 0
+    assert "Cannot start the engine on 127.0.0.1: port 8100 is taken by pid %d" % os.getpid() in result.stdout
+    assert not _left("pytest-port")
+
+
+def test_wrong_model_path():
+    result = _playbook("playbooks/site.yml", "-e", "local_engine_model=/nonexistent/model", *_instance_vars("pytest-model", 8101))
+    assert result.returncode != 0
+    assert "local_engine_model /nonexistent/model is not a model folder: it holds no config.json." in result.stdout
+    assert not _left("pytest-model")
+
+
+def test_engine_dying_during_start_up():
+    result = _playbook("playbooks/site.yml", "-e", '{"local_engine_extra_args": ["--no-such-flag"]}', *_instance_vars("pytest-dies", 8102))
+    assert result.returncode != 0
+    assert "The engine exited during start-up" in result.stdout and "no-such-flag" in result.stdout
+    assert not _left("pytest-dies")
+
+
+def test_changed_settings_restart_and_absent_stops():
+    args = _instance_vars("pytest-restart", 8110)
+    first = _playbook("playbooks/site.yml", *args)
+    assert first.returncode == 0, first.stdout[-3000:]
+    pidfile = os.path.join(STATE_DIR, "run", "pytest-restart", "engine.pid")
+    pid = open(pidfile).read().strip()
+    again = _playbook("playbooks/site.yml", *args)
+    assert _recap(again.stdout)["changed"] == 0 and open(pidfile).read().strip() == pid
+    changed = _playbook("playbooks/site.yml", "-e", "local_engine_max_model_len=1024", *args)
+    assert changed.returncode == 0 and _recap(changed.stdout)["changed"] >= 2
+    new_pid = open(pidfile).read().strip()
+    assert new_pid != pid and _gone(pid)
+    stop = _playbook("playbooks/teardown.yml", *args)
+    assert stop.returncode == 0 and _recap(stop.stdout)["changed"] == 1
+    assert not os.path.exists(pidfile) and _gone(new_pid)
+    stop = _playbook("playbooks/teardown.yml", *args)
+    assert _recap(stop.stdout)["changed"] == 0

@@ -1,0 +1,355 @@
+# -*- coding: utf-8 -*-
+# Copyright (c) inference_cache.substrate contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+"""Prefix-cache measurement: metrics parsing, engine detection, expectations, and the probe against a fake server."""
+
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type  # pylint: disable=invalid-name
+
+import io
+import json
+
+import pytest
+
+from ansible_collections.inference_cache.substrate.plugins.module_utils import _openai_http as http
+from ansible_collections.inference_cache.substrate.plugins.module_utils import _prefix_cache as pc
+
+VLLM_PAGE = """\
+# HELP vllm:prefix_cache_queries Prefix cache queries, in terms of number of queried tokens.
+# TYPE vllm:prefix_cache_queries counter
+vllm:prefix_cache_queries_total{engine="0",model_name="tiny"} 2898.0
+vllm:prefix_cache_queries_created{engine="0",model_name="tiny"} 1.7e+09
+# HELP vllm:prefix_cache_hits Prefix cache hits, in terms of number of cached tokens.
+# TYPE vllm:prefix_cache_hits counter
+vllm:prefix_cache_hits_total{engine="0",model_name="tiny"} 1280.0
+vllm:prefix_cache_hits_total{engine="0",model_name="other"} 99.0
+# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig
+# TYPE vllm:cache_config_info gauge
+vllm:cache_config_info{block_size="32",enable_prefix_caching="True",engine="0"} 1.0
+"""
+
+VLLM_OLD_PAGE = """\
+# TYPE vllm:gpu_prefix_cache_queries counter
+vllm:gpu_prefix_cache_queries_total{model_name="m"} 10.0
+# TYPE vllm:gpu_prefix_cache_hits counter
+vllm:gpu_prefix_cache_hits_total{model_name="m"} 4.0
+"""
+
+SGLANG_PAGE = """\
+# TYPE sglang:prompt_tokens counter
+sglang:prompt_tokens_total{model_name="qwen"} 100.0
+# TYPE sglang:cached_tokens counter
+sglang:cached_tokens_total{model_name="qwen",cache_source="device"} 30.0
+sglang:cached_tokens_total{model_name="qwen",cache_source="host"} 2.0
+# TYPE sglang:cache_hit_rate gauge
+sglang:cache_hit_rate{model_name="qwen"} 0.3
+"""
+
+
+# -- parsing and detection -------------------------------------------------------------------------------------
+def test_parse_vllm_sums_labels_of_the_model_and_reads_block_size():
+    parsed = pc.parse_metrics(VLLM_PAGE, model="tiny")
+    assert parsed["samples"]["vllm:prefix_cache_hits_total"] == 1280.0
+    assert parsed["samples"]["vllm:prefix_cache_queries_total"] == 2898.0
+    assert parsed["block_size"] == 32
+
+
+def test_parse_without_model_sums_everything():
+    assert pc.parse_metrics(VLLM_PAGE)["samples"]["vllm:prefix_cache_hits_total"] == 1379.0
+
+
+def test_parse_unknown_model_does_not_filter():
+    assert pc.parse_metrics(VLLM_PAGE, model="nope")["samples"]["vllm:prefix_cache_hits_total"] == 1379.0
+
+
+def test_parse_sglang_sums_cache_sources():
+    parsed = pc.parse_metrics(SGLANG_PAGE, model="qwen")
+    assert parsed["samples"]["sglang:cached_tokens_total"] == 32.0
+    assert parsed["block_size"] is None
+
+
+def test_parse_rejects_garbage():
+    with pytest.raises(pc.PrefixCacheError, match="not in the Prometheus text format"):
+        pc.parse_metrics("this is {not a metrics page\n")
+
+
+@pytest.mark.parametrize("page, engine, expected", [
+    (VLLM_PAGE, "auto", ("vllm", "vllm:prefix_cache_hits_total", "vllm:prefix_cache_queries_total")),
+    (VLLM_OLD_PAGE, "auto", ("vllm", "vllm:gpu_prefix_cache_hits_total", "vllm:gpu_prefix_cache_queries_total")),
+    (SGLANG_PAGE, "auto", ("sglang", "sglang:cached_tokens_total", "sglang:prompt_tokens_total")),
+    (SGLANG_PAGE, "sglang", ("sglang", "sglang:cached_tokens_total", "sglang:prompt_tokens_total")),
+    (VLLM_PAGE, "sglang", None),
+    ("# TYPE x counter\nx_total 1\n", "auto", None),
+])
+def test_detect_engine(page, engine, expected):
+    assert pc.detect_engine(pc.parse_metrics(page)["samples"], engine) == expected
+
+
+@pytest.mark.parametrize("tokens, block, expected", [(0, 32, 0), (31, 32, 0), (32, 32, 32), (95, 32, 64), (5, 0, 0)])
+def test_blocks_floor(tokens, block, expected):
+    assert pc.blocks_floor(tokens, block) == expected
+
+
+# -- expectations ----------------------------------------------------------------------------------------------
+def _result(hits=256, cached=256, cold_ttft=0.09, warm_ttft=0.03):
+    return {"block_size": 32, "hit_tokens": hits, "prefix_tokens": 260,
+            "metric_names": {"hits": "vllm:prefix_cache_hits_total", "queries": "q"},
+            "cold": {"ttft": cold_ttft, "cached_tokens": 0}, "warm": {"ttft": warm_ttft, "cached_tokens": cached}}
+
+
+@pytest.mark.parametrize("result, kwargs, message", [
+    (_result(), {}, None),
+    (_result(), {"min_hit_tokens": 256, "expect_warm_faster": True}, None),
+    (_result(hits=0), {}, "hit no cached tokens"),
+    (_result(hits=32), {"min_hit_tokens": 256}, "hit 32 cached tokens, fewer than min_hit_tokens=256"),
+    (_result(hits=0), {"min_hit_tokens": 0}, None),
+    (_result(warm_ttft=0.2), {"expect_warm_faster": True}, "was not faster"),
+    (_result(warm_ttft=0.2), {}, None),
+    (_result(hits=None, cached=0), {}, "reported 0 cached tokens"),
+])
+def test_evaluate(result, kwargs, message):
+    failures = pc.evaluate(result, **kwargs)
+    if message is None:
+        assert failures == []
+    else:
+        assert len(failures) == 1 and message in failures[0]
+        assert failures[0].endswith(".")
+
+
+# -- the probe against a fake engine -----------------------------------------------------------------------------
+class FakeEngine:
+    """A prefix-caching server in miniature: one token per word plus BOS, block-granular cache, Prometheus page."""
+
+    def __init__(self, block_size=32, page="vllm", tokenize=True, metrics_status=None, reachable=True, hit=True):
+        self.block_size = block_size
+        self.page = page
+        self.tokenize = tokenize
+        self.metrics_status = metrics_status
+        self.reachable = reachable
+        self.hit = hit
+        self.blocks = set()
+        self.hits = 0
+        self.queries = 0
+        self.now = 0.0
+        self.requests = []
+
+    def clock(self):
+        return self.now
+
+    def url(self, path):
+        return "http://engine" + path
+
+    def _fail(self, path, status=None):
+        if status is None:
+            raise http.OpenAIHTTPError("Cannot reach http://engine%s: Connection refused" % path, "http://engine" + path)
+        raise http.OpenAIHTTPError("http://engine%s answered HTTP %d" % (path, status), "http://engine" + path, status)
+
+    def tokens(self, text):
+        return ["<s>"] + text.split()
+
+    def get_text(self, path):
+        if not self.reachable:
+            self._fail(path)
+        if path == "/v1/models":
+            return json.dumps({"data": [{"id": "tiny"}]})
+        if self.metrics_status:
+            self._fail(path, self.metrics_status)
+        if self.page == "none":
+            return "# TYPE up gauge\nup 1\n"
+        return ("# TYPE vllm:prefix_cache_hits counter\nvllm:prefix_cache_hits_total{model_name=\"tiny\"} %d\n"
+                "# TYPE vllm:prefix_cache_queries counter\nvllm:prefix_cache_queries_total{model_name=\"tiny\"} %d\n"
+                "# TYPE vllm:cache_config_info gauge\nvllm:cache_config_info{block_size=\"%d\"} 1\n"
+                % (self.hits, self.queries, self.block_size))
+
+    def post_json(self, path, body):
+        if not self.reachable:
+            self._fail(path)
+        if not self.tokenize:
+            self._fail(path, 404)
+        return {"count": len(self.tokens(body["prompt"])), "max_model_len": 2048}
+
+    def stream_completion(self, body):
+        if not self.reachable:
+            self._fail("/v1/completions")
+        self.requests.append(body)
+        toks = self.tokens(body["prompt"])
+        chain, cached = [], 0
+        full = len(toks) // self.block_size
+        for i in range(full):
+            chain.append(tuple(toks[:(i + 1) * self.block_size]))
+        for key in chain:
+            if self.hit and key in self.blocks:
+                cached += self.block_size
+            else:
+                break
+        self.blocks.update(chain)
+        self.hits += cached
+        self.queries += len(toks)
+        start = self.now
+        ttft = 0.08 if cached == 0 else 0.02
+        self.now += ttft + 0.01
+        return {"ttft": ttft, "latency": self.now - start, "text": "xy",
+                "usage": {"prompt_tokens": len(toks), "completion_tokens": 2, "prompt_tokens_details": {"cached_tokens": cached}},
+                "chunks": 3}
+
+
+def _probe(engine, **kwargs):
+    kwargs.setdefault("nonce", "n0nce")
+    return pc.PrefixCacheProbe(engine, "/metrics", **kwargs)
+
+
+def test_probe_measures_a_hit():
+    engine = FakeEngine()
+    result = _probe(engine, prefix_tokens=100).run()
+    assert result["engine"] == "vllm" and result["model"] == "tiny"
+    assert result["block_size"] == 32 and result["block_size_source"] == "metrics"
+    assert result["prefix_tokens"] >= 100 and not result["prefix_tokens_estimated"]
+    assert result["cold"]["hit_tokens"] == 0 and result["cold"]["cached_tokens"] == 0
+    assert result["hit_tokens"] == result["expected_hit_tokens"] == pc.blocks_floor(result["prefix_tokens"], 32)
+    assert result["cached_tokens"] == result["hit_tokens"]
+    assert result["query_tokens"] == engine.queries
+    assert result["ttft_ratio"] == 4.0
+    assert pc.evaluate(result, expect_warm_faster=True) == []
+    # the nonce opens both prompts, and the prompts differ after the shared part
+    cold, warm = (r["prompt"] for r in engine.requests)
+    assert cold.startswith("[n0nce] ") and warm.startswith("[n0nce] ") and cold != warm
+
+
+def test_probe_without_a_cache_reports_no_hit():
+    result = _probe(FakeEngine(hit=False), prefix_tokens=100).run()
+    assert result["hit_tokens"] == 0
+    assert "hit no cached tokens" in pc.evaluate(result)[0]
+
+
+def test_probe_with_a_given_prefix_and_block_size():
+    result = _probe(FakeEngine(block_size=16), prefix=" ".join(["w"] * 40), block_size=16).run()
+    assert result["block_size_source"] == "option"
+    assert result["prefix_tokens"] == 42  # BOS + nonce + 40 words
+    assert result["hit_tokens"] == 32
+
+
+def test_probe_refuses_a_prefix_shorter_than_a_block():
+    engine = FakeEngine()
+    with pytest.raises(pc.PrefixCacheError, match="prefix_tokens=16 is shorter than one block"):
+        _probe(engine, prefix_tokens=16).run()
+    with pytest.raises(pc.PrefixCacheError, match="shared prefix is 5 tokens long"):
+        _probe(engine, prefix="a b c").run()
+    assert engine.requests == []
+
+
+def test_probe_estimates_without_tokenize_and_says_so():
+    probe = _probe(FakeEngine(tokenize=False), prefix_tokens=128)
+    result = probe.run()
+    assert result["prefix_tokens_estimated"] is True
+    assert any("no /tokenize endpoint" in w for w in result["warnings"])
+
+
+@pytest.mark.parametrize("engine, message", [
+    (FakeEngine(reachable=False), "Cannot reach http://engine/v1/models"),
+    (FakeEngine(metrics_status=404), "The metrics endpoint /metrics is missing (HTTP 404)."),
+    (FakeEngine(page="none"), "exposes no prefix-cache counter"),
+])
+def test_probe_failures_are_one_sentence(engine, message):
+    with pytest.raises(pc.PrefixCacheError) as info:
+        _probe(engine).run()
+    assert message in str(info.value)
+    assert str(info.value).count(". ") == 0 and str(info.value).endswith(".")
+
+
+def test_probe_uses_default_block_size_with_a_warning():
+    engine = FakeEngine(block_size=16)
+    engine.get_text = lambda path, orig=engine.get_text: "\n".join(
+        line for line in orig(path).splitlines() if "cache_config_info" not in line) + "\n"
+    result = _probe(engine, model="tiny", prefix_tokens=64).run()
+    assert result["block_size"] == 16 and result["block_size_source"] == "default"
+    assert any("block size is unknown" in w for w in result["warnings"])
+
+
+def test_make_nonce_is_unique_and_seedable():
+    import random
+    assert pc.make_nonce() != pc.make_nonce()
+    assert pc.make_nonce(random.Random(1)) == pc.make_nonce(random.Random(1))
+
+
+# -- the HTTP client ---------------------------------------------------------------------------------------------
+class FakeResponse(io.BytesIO):
+    def __init__(self, data, status=200):
+        super(FakeResponse, self).__init__(data)
+        self.status = status
+
+
+class FakeConnection:
+    def __init__(self, seen, response=None, error=None):
+        self.seen = seen
+        self.response = response
+        self.error = error
+
+    def request(self, method, target, body=None, headers=None):
+        self.seen.update(method=method, target=target, body=json.loads(body) if body else None, headers=headers)
+        if self.error:
+            raise self.error
+
+    def getresponse(self):
+        return self.response
+
+
+def test_stream_completion_times_first_token_and_reads_usage():
+    ticks = iter([0.0, 0.05, 0.2])
+    lines = [
+        b'data: {"choices":[{"text":""}]}\n', b"\n",
+        b'data: {"choices":[{"text":"he"}]}\n', b"\n",
+        b'data: {"choices":[],"usage":{"prompt_tokens":40,"prompt_tokens_details":{"cached_tokens":32}}}\n',
+        b"data: [DONE]\n",
+    ]
+    seen = {}
+
+    def connect(scheme, host, port, timeout):
+        seen.update(scheme=scheme, host=host, port=port)
+        return FakeConnection(seen, FakeResponse(b"".join(lines)))
+
+    client = http.OpenAIClient("http://x:8000/", api_key="k", clock=lambda: next(ticks), connect=connect)
+    answer = client.stream_completion({"model": "m", "prompt": "p"})
+    assert (seen["scheme"], seen["host"], seen["port"], seen["method"], seen["target"]) == ("http", "x", 8000, "POST", "/v1/completions")
+    assert seen["body"]["stream"] is True and seen["body"]["stream_options"] == {"include_usage": True}
+    assert seen["headers"]["Authorization"] == "Bearer k"
+    assert answer["ttft"] == 0.05 and answer["latency"] == 0.2
+    assert answer["text"] == "he"
+    assert http.cached_tokens(answer["usage"]) == 32
+
+
+def test_stream_without_chunks_fails():
+    client = http.OpenAIClient("http://x", connect=lambda *a: FakeConnection({}, FakeResponse(b"data: [DONE]\n")))
+    with pytest.raises(http.OpenAIHTTPError, match="streamed no completion chunk"):
+        client.stream_completion({"model": "m", "prompt": "p"})
+
+
+def test_client_errors_are_sentences():
+    refused = ConnectionRefusedError(111, "Connection refused")
+    client = http.OpenAIClient("http://127.0.0.1:1", connect=lambda *a: FakeConnection({}, error=refused))
+    with pytest.raises(http.OpenAIHTTPError, match=r"Cannot reach http://127.0.0.1:1/metrics: .*Connection refused"):
+        client.get_text("/metrics")
+
+    client = http.OpenAIClient("http://h", connect=lambda *a: FakeConnection({}, FakeResponse(b"nope", status=404)))
+    with pytest.raises(http.OpenAIHTTPError) as info:
+        client.post_json("/tokenize", {})
+    assert info.value.status == 404 and "answered HTTP 404: nope" in str(info.value)
+
+    with pytest.raises(http.OpenAIHTTPError, match="not an http"):
+        http.OpenAIClient("ftp://h").get_text("/x")
+
+
+def test_client_against_a_real_closed_port():
+    import socket
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    with pytest.raises(http.OpenAIHTTPError, match="Cannot reach"):
+        http.OpenAIClient("http://127.0.0.1:%d" % port, timeout=2).get_text("/metrics")
+
+
+def test_cached_tokens_absent():
+    assert http.cached_tokens(None) is None
+    assert http.cached_tokens({"prompt_tokens": 3}) is None
