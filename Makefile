@@ -8,7 +8,7 @@ export ANSIBLE_FORCE_COLOR := 0
 export PY_COLORS := 0
 export NO_COLOR := 1
 
-.PHONY: help setup site verify teardown test sanity units pytest lint molecule build changelog argspecs bench freeze clean
+.PHONY: help setup site verify teardown render kubernetes test sanity units pytest lint molecule build changelog argspecs bench freeze clean
 
 help:  ## List the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -25,6 +25,14 @@ verify: setup  ## The checks alone against the local default (pass -e to point a
 teardown: setup  ## Stop the local engine
 	$(BIN)/ansible-playbook -i inventories/local playbooks/teardown.yml
 
+render: setup  ## Render the Kubernetes manifests and Helm values of inventories/kind into out/render (no cluster)
+	$(BIN)/ansible-playbook -i inventories/kind playbooks/render.yml -e substrate_render_hosts=k8s_controller \
+	  -e substrate_render_dir=$(CURDIR)/out/render -e model_server_allow_unpinned_images=true \
+	  -e router_allow_unpinned_images=true -e cluster_verify_allow_unpinned_images=true
+
+kubernetes: setup  ## The whole stack on a local kind cluster (needs a Docker engine, kind and helm)
+	$(BIN)/ansible-playbook -i inventories/kind playbooks/kubernetes.yml
+
 test: setup  ## Everything below, with a summary; fails if any stage fails
 	@scripts/test_all.sh
 
@@ -35,7 +43,7 @@ units: setup  ## ansible-test units on a staged copy (no Docker)
 	scripts/ansible_test.sh units --local --python 3.11 --color no
 
 pytest: setup  ## pytest: unit, module, integration (synthetic publisher, real engine) and rendered-manifest tests
-	$(BIN)/pytest tests/unit tests/integration
+	LOCAL_ENGINE_START=1 LOCAL_ENGINE_REQUIRED=1 $(BIN)/pytest -rs tests/unit tests/integration
 
 lint: setup  ## ansible-lint, production profile, offline
 	$(BIN)/ansible-lint --offline
