@@ -4,7 +4,7 @@
 # when it exits non-zero, the scenario is skipped and its output is printed as the reason. Nothing else skips.
 # Usage: scripts/molecule.sh [scenario ...]
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 1
 export PATH=$PWD/.venv/bin:$PATH
 if [ $# -gt 0 ]; then scenarios=("$@"); else
   mapfile -t scenarios < <(for f in extensions/molecule/*/molecule.yml; do basename "$(dirname "$f")"; done)

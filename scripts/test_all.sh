@@ -3,7 +3,7 @@
 # A failing stage does not stop the others; the summary says what ran, and the exit status is non-zero
 # when any stage failed.
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 1
 logs=.cache/test-logs
 mkdir -p "$logs"
 stages=(changelog argspecs sanity units pytest lint molecule build)

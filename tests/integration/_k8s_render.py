@@ -116,11 +116,7 @@ def run_render(tmp_dir, cases, verbosity=0, callback=None):
     write_inventory(inventory, cases)
     env = dict(os.environ, ANSIBLE_CONFIG=os.path.join(ROOT, "ansible.cfg"), ANSIBLE_FORCE_COLOR="0", ANSIBLE_NOCOLOR="1",
                ANSIBLE_DEPRECATION_WARNINGS="0")
-    # pytest-ansible points ANSIBLE_COLLECTIONS_PATH at ./collections, which lacks kubernetes.core here: put the
-    # toolchain's collections (make setup: .cache/collections) first.
-    cache = os.path.join(ROOT, ".cache", "collections")
-    if os.path.isdir(cache):
-        env["ANSIBLE_COLLECTIONS_PATH"] = os.pathsep.join(p for p in (cache, os.environ.get("ANSIBLE_COLLECTIONS_PATH")) if p)
+    # ANSIBLE_COLLECTIONS_PATH (with kubernetes.core) comes from tests/integration/conftest.py.
     if callback:
         env["ANSIBLE_STDOUT_CALLBACK"] = callback
     cmd = [os.path.join(os.path.dirname(sys.executable), "ansible-playbook"), "-i", inventory, PLAYBOOK,

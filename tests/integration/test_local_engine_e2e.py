@@ -7,7 +7,7 @@
 
 Assumes the engine that ``playbooks/site.yml`` starts is running at the default address (http://127.0.0.1:8000,
 KV events to tcp://127.0.0.1:5557, replay on 5558): run ``ansible-playbook playbooks/site.yml`` first, or set
-``LOCAL_ENGINE_START=1`` and this module runs it (and leaves the engine running for the next run). Without a running
+``LOCAL_ENGINE_START=1`` and this module runs it (and stops it again with ``playbooks/teardown.yml`` at the end). Without a running
 engine every test here is skipped with that reason; ``LOCAL_ENGINE_REQUIRED=1`` turns the skip into a failure (CI).
 
 The bad-input and restart tests start extra engine instances (instance names ``pytest-*``, ports 8100-8102 and 8110, replay ports 1000 higher)
@@ -71,21 +71,24 @@ def engine():
     os.makedirs(STATE_DIR, exist_ok=True)
     with open(os.path.join(STATE_DIR, ".pytest.lock"), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
+        starts_engine = os.environ.get("LOCAL_ENGINE_START") == "1" and not _engine_up()
         try:
-            yield _start_or_skip()
+            _start_or_skip()
+            yield URL
         finally:
+            if starts_engine:  # leave nothing running that this module started
+                _playbook("playbooks/teardown.yml")
             fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 def _start_or_skip():
     if not _engine_up() and os.environ.get("LOCAL_ENGINE_START") == "1":
         result = _playbook("playbooks/site.yml")
-        assert result.returncode == 0, result.stdout[-3000:]
+        assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
     if not _engine_up():
         if os.environ.get("LOCAL_ENGINE_REQUIRED") == "1":
             pytest.fail("No engine at %s: run ansible-playbook playbooks/site.yml first." % URL)
         pytest.skip("No engine at %s: run ansible-playbook playbooks/site.yml first (or set LOCAL_ENGINE_START=1)." % URL)
-    return URL
 
 
 def test_probe_hits_on_the_real_engine():
