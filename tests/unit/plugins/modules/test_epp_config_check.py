@@ -14,42 +14,16 @@ import json
 
 import pytest
 import yaml
-from ansible.module_utils import basic
-from ansible.module_utils.testing import patch_module_args
 
 from ansible_collections.inference_cache.substrate.plugins.modules import epp_config_check, gpu_memory_plan
+from ansible_collections.inference_cache.substrate.tests.unit.plugins.modules.utils import AnsibleExitJson, AnsibleFailJson, run_module
 from ansible_collections.inference_cache.substrate.tests.unit.plugins.module_utils.test_epp_config import ENGINE, PRECISE
 
 
-class AnsibleExitJson(Exception):
-    pass
-
-
-class AnsibleFailJson(Exception):
-    pass
-
-
-def exit_json(self, **kwargs):  # pylint: disable=unused-argument
-    kwargs.setdefault("changed", False)
-    raise AnsibleExitJson(kwargs)
-
-
-def fail_json(self, **kwargs):  # pylint: disable=unused-argument
-    kwargs["failed"] = True
-    raise AnsibleFailJson(kwargs)
-
-
-@pytest.fixture(autouse=True)
-def patch_module(monkeypatch):
-    monkeypatch.setattr(basic.AnsibleModule, "exit_json", exit_json)
-    monkeypatch.setattr(basic.AnsibleModule, "fail_json", fail_json)
-
-
 def run(module, args, expect=AnsibleExitJson):
-    with patch_module_args(args):
-        with pytest.raises(expect) as err:
-            module.main()
-    return err.value.args[0]
+    exited, result = run_module(module, args)
+    assert exited is (expect is AnsibleExitJson), result
+    return result
 
 
 def test_good_config_from_a_file_passes(tmp_path):

@@ -9,47 +9,15 @@ from __future__ import absolute_import, division, print_function
 
 __metaclass__ = type  # pylint: disable=invalid-name
 
-import contextlib
 import json
 import socket
 import threading
 from http.server import BaseHTTPRequestHandler, HTTPServer
 
 import pytest
-from ansible.module_utils import basic
-from ansible.module_utils.testing import patch_module_args
 
 from ansible_collections.inference_cache.substrate.plugins.modules import kv_events_check
-
-
-class AnsibleExitJson(Exception):
-    pass
-
-
-class AnsibleFailJson(Exception):
-    pass
-
-
-def exit_json(self, **kwargs):  # pylint: disable=unused-argument
-    kwargs.setdefault("changed", False)
-    raise AnsibleExitJson(kwargs)
-
-
-def fail_json(self, **kwargs):  # pylint: disable=unused-argument
-    kwargs["failed"] = True
-    raise AnsibleFailJson(kwargs)
-
-
-@pytest.fixture(autouse=True)
-def patch_module(monkeypatch):
-    monkeypatch.setattr(basic.AnsibleModule, "exit_json", exit_json)
-    monkeypatch.setattr(basic.AnsibleModule, "fail_json", fail_json)
-
-
-@contextlib.contextmanager
-def set_module_args(args):
-    with patch_module_args(args):
-        yield
+from ansible_collections.inference_cache.substrate.tests.unit.plugins.modules.utils import run_module as run
 
 
 def free_port():
@@ -61,12 +29,7 @@ def free_port():
 
 
 def run_module(args, check_mode=False):
-    if check_mode:
-        args = dict(args, _ansible_check_mode=True)
-    with set_module_args(args):
-        with pytest.raises((AnsibleExitJson, AnsibleFailJson)) as info:
-            kv_events_check.main()
-    return info.type is AnsibleExitJson, info.value.args[0]
+    return run(kv_events_check, args, check_mode=check_mode)
 
 
 @pytest.mark.parametrize("check_mode", [False, True])

@@ -14,39 +14,16 @@ import socket
 
 import pytest
 
-from ansible.module_utils import basic
-from ansible.module_utils.testing import patch_module_args
 
 from ansible_collections.inference_cache.substrate.plugins.modules import prefix_cache_check as module
 from ansible_collections.inference_cache.substrate.plugins.module_utils import _prefix_cache as pc
-
-
-class AnsibleExitJson(Exception):
-    pass
-
-
-class AnsibleFailJson(Exception):
-    pass
-
-
-@pytest.fixture(autouse=True)
-def exits(monkeypatch):
-    def exit_json(self, **kwargs):
-        raise AnsibleExitJson(kwargs)
-
-    def fail_json(self, **kwargs):
-        kwargs["failed"] = True
-        raise AnsibleFailJson(kwargs)
-
-    monkeypatch.setattr(basic.AnsibleModule, "exit_json", exit_json)
-    monkeypatch.setattr(basic.AnsibleModule, "fail_json", fail_json)
+from ansible_collections.inference_cache.substrate.tests.unit.plugins.modules.utils import run_module
 
 
 def run(args):
-    with patch_module_args(args):
-        with pytest.raises((AnsibleExitJson, AnsibleFailJson)) as info:
-            module.main()
-    return info.type is AnsibleFailJson, info.value.args[0]
+    """Return (failed, result)."""
+    exited, result = run_module(module, args)
+    return not exited, result
 
 
 RESULT = {
