@@ -15,11 +15,11 @@ from __future__ import absolute_import, division, print_function
 
 __metaclass__ = type  # pylint: disable=invalid-name
 
-import json
 import time
 
 from ._kv_events import EVENT_TYPES, KVDecoder, KVStats, MalformedMessage, SequenceTracker, batch_json_lines, offset_endpoint
 from ._kv_zmq import SocketSetupError, drain_monitor, open_socket, replay, zmq
+from ._openai_http import OpenAIClient, OpenAIHTTPError, cached_tokens
 
 DEFAULT_EXPECT = {"BlockStored": 1}
 DEFAULT_PROMPT = " ".join([
@@ -60,62 +60,43 @@ def _plural(num, word):
     return "%d %s" % (num, word + ("es" if word.endswith(("s", "ch", "x")) else "s"))
 
 
-def _http_json(url, body=None, headers=None, timeout=10.0):
-    """POST (or GET when body is None) JSON with the standard library; returns (status, parsed body).
-
-    The module passes its own function built on ``ansible.module_utils.urls``; this default serves the CLIs.
-    """
-    from urllib import request as urlrequest  # pylint: disable=import-outside-toplevel
-
-    data = None if body is None else json.dumps(body).encode()
-    req = urlrequest.Request(url, data=data, method="GET" if body is None else "POST")
-    req.add_header("Content-Type", "application/json")
-    for name, value in (headers or {}).items():
-        req.add_header(name, value)
-    with urlrequest.build_opener().open(req, timeout=max(timeout, 0.1)) as resp:
-        return resp.status, json.loads(resp.read().decode("utf-8") or "null")
-
-
-def send_trigger(trigger, timeout, http=_http_json):
+def send_trigger(trigger, timeout, client_class=OpenAIClient):
     """Send one completion request; returns the ``trigger`` facts. Raises CheckFailed on error."""
     base = trigger["url"].rstrip("/")
-    if not base.endswith("/v1"):
-        base += "/v1"
-    headers = dict(trigger.get("headers") or {})
-    if trigger.get("api_key"):
-        headers["Authorization"] = "Bearer %s" % trigger["api_key"]
-    facts = {"sent": True, "url": base + "/completions", "status": None, "prompt_tokens": None, "cached_tokens": None, "model": None}
+    if base.endswith("/v1"):
+        base = base[:-3]
+    client = client_class(base, api_key=trigger.get("api_key"), timeout=timeout, headers=trigger.get("headers"))
+    facts = {"sent": True, "url": client.url("/v1/completions"), "status": None, "prompt_tokens": None, "cached_tokens": None,
+             "model": None}
     try:
         model = trigger.get("model")
         if not model:
-            _status, listing = http(base + "/models", None, headers, timeout)
-            model = listing["data"][0]["id"]
+            listing = client.get_json("/v1/models")
+            try:
+                model = listing["data"][0]["id"]
+            except (KeyError, IndexError, TypeError):
+                raise OpenAIHTTPError("%s lists no model; set the trigger's model" % client.url("/v1/models"))
         facts["model"] = model
-        body = {"model": model, "prompt": trigger.get("prompt") or DEFAULT_PROMPT,
-                "max_tokens": trigger.get("max_tokens") or 1}
-        status, resp = http(facts["url"], body, headers, timeout)
-    except Exception as exc:  # pylint: disable=broad-except
-        reason = getattr(exc, "reason", None) or exc
-        code = getattr(exc, "code", None)
-        facts["status"] = code
-        raise CheckFailed("The trigger request to %s failed: %s%s." % (facts["url"], "HTTP %s " % code if code else "", reason),
-                          {"trigger": facts})
-    facts["status"] = status
-    usage = (resp or {}).get("usage") or {}
+        body = {"model": model, "prompt": trigger.get("prompt") or DEFAULT_PROMPT, "max_tokens": trigger.get("max_tokens") or 1}
+        resp = client.post_json("/v1/completions", body)
+    except OpenAIHTTPError as exc:
+        facts["status"] = exc.status
+        raise CheckFailed("The trigger request failed: %s." % exc, {"trigger": facts})
+    facts["status"] = client.last_status
+    usage = (resp if isinstance(resp, dict) else {}).get("usage") or {}
     facts["prompt_tokens"] = usage.get("prompt_tokens")
-    details = usage.get("prompt_tokens_details") or {}
-    facts["cached_tokens"] = details.get("cached_tokens") if isinstance(details, dict) else None
+    facts["cached_tokens"] = cached_tokens(usage)
     return facts
 
 
 class KVEventsCheck:
     """Subscribe, optionally trigger a request, count events, repair gaps, judge expectations."""
 
-    def __init__(self, params, check_mode=False, clock=time.monotonic, http=_http_json, ctx=None):
+    def __init__(self, params, check_mode=False, clock=time.monotonic, client_class=OpenAIClient, ctx=None):
         self.p = params
         self.check_mode = check_mode
         self.clock = clock
-        self.http = http
+        self.client_class = client_class
         self.ctx = ctx
         self.decoder = KVDecoder(params.get("engine") or "auto", bool(params.get("include_token_ids")))
         self.stats = KVStats()
@@ -249,7 +230,7 @@ class KVEventsCheck:
             if trigger_pending and all_connected_at is not None and now - all_connected_at >= delay:
                 trigger_pending = False
                 try:
-                    self.trigger = send_trigger(trigger, max(deadline - now, 0.1), self.http)
+                    self.trigger = send_trigger(trigger, max(deadline - now, 0.1), self.client_class)
                 except CheckFailed as exc:
                     self.trigger = exc.facts["trigger"]
                     self.fail(exc.msg)

@@ -49,9 +49,11 @@ def _reason(exc):
 class OpenAIClient:
     """Talk to one OpenAI-compatible server (vLLM, SGLang)."""
 
-    def __init__(self, base_url, api_key=None, timeout=30.0, clock=time.monotonic, connect=None):
+    def __init__(self, base_url, api_key=None, timeout=30.0, clock=time.monotonic, connect=None, headers=None):
         self.base_url = base_url.rstrip("/")
         self.api_key = api_key
+        self.headers = dict(headers or {})
+        self.last_status = None
         self.timeout = timeout
         self.clock = clock
         self._connect = connect or _connect
@@ -63,7 +65,7 @@ class OpenAIClient:
 
     def _request(self, url, body=None, accept="application/json"):
         """Send one request; return the open response (status < 400) or raise ``OpenAIHTTPError``."""
-        headers = {"Accept": accept, "User-Agent": "inference_cache.substrate"}
+        headers = dict({"Accept": accept, "User-Agent": "inference_cache.substrate"}, **self.headers)
         data = None
         if body is not None:
             data = json.dumps(body).encode("utf-8")
@@ -80,6 +82,7 @@ class OpenAIClient:
             response = connection.getresponse()
         except (HTTPException, socket.timeout, OSError, ValueError) as exc:
             raise OpenAIHTTPError("Cannot reach %s: %s" % (url, _reason(exc)), url)
+        self.last_status = response.status
         if response.status >= 400:
             detail = ""
             try:
@@ -101,6 +104,14 @@ class OpenAIClient:
             raise OpenAIHTTPError("Reading %s failed: %s" % (url, _reason(exc)), url)
         finally:
             response.close()
+
+    def get_json(self, path):
+        """GET a page and return its decoded JSON."""
+        text = self.get_text(path)
+        try:
+            return json.loads(text)
+        except ValueError:
+            raise OpenAIHTTPError("%s did not answer JSON" % self.url(path), self.url(path))
 
     def post_json(self, path, body):
         """POST a JSON body and return the decoded JSON answer."""

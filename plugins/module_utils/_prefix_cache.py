@@ -23,7 +23,6 @@ from __future__ import absolute_import, division, print_function
 
 __metaclass__ = type  # pylint: disable=invalid-name
 
-import json
 import random
 import time
 import traceback
@@ -146,7 +145,7 @@ def evaluate(result, min_hit_tokens=None, expect_warm_faster=False):
 class PrefixCacheProbe:
     """Send a cold and a warm request sharing a prefix and measure what the cache did.
 
-    ``client`` offers ``get_text(path)``, ``post_json(path, body)`` and ``stream_completion(body)``
+    ``client`` offers ``get_text(path)``, ``get_json(path)``, ``post_json(path, body)`` and ``stream_completion(body)``
     (see ``_openai_http.OpenAIClient``).
     """
 
@@ -180,7 +179,7 @@ class PrefixCacheProbe:
         if self.model:
             return self.model
         try:
-            data = _get_json(self.client, "/v1/models")
+            data = self.client.get_json("/v1/models")
         except OpenAIHTTPError as exc:
             raise PrefixCacheError(str(exc).rstrip(".") + ".")
         models = [m.get("id") for m in (data.get("data") or []) if isinstance(m, dict)]
@@ -305,11 +304,3 @@ class PrefixCacheProbe:
             "latency_ratio": round(cold["latency"] / warm["latency"], 3) if warm["latency"] > 0 else None,
             "warnings": list(self.warnings),
         }
-
-
-def _get_json(client, path):
-    text = client.get_text(path)
-    try:
-        return json.loads(text)
-    except ValueError:
-        raise OpenAIHTTPError("%s did not answer JSON" % client.url(path))

@@ -254,23 +254,13 @@ trigger:
   sample: {sent: true, url: http://127.0.0.1:8011/v1/completions, status: 200, model: tiny, prompt_tokens: 57, cached_tokens: null}
 """
 
-import json
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
-from ansible.module_utils.urls import open_url
 
 from ansible_collections.inference_cache.substrate.plugins.module_utils._kv_args import KV_STREAM_ARG_SPEC
 from ansible_collections.inference_cache.substrate.plugins.module_utils._kv_check import CHECK_ARG_SPEC, CheckFailed, KVEventsCheck
 from ansible_collections.inference_cache.substrate.plugins.module_utils._kv_events import HAS_MSGSPEC, MSGSPEC_IMPORT_ERROR
 from ansible_collections.inference_cache.substrate.plugins.module_utils._kv_zmq import HAS_ZMQ, ZMQ_IMPORT_ERROR
-
-
-def _http_json(url, body=None, headers=None, timeout=10.0):
-    """The trigger's HTTP call through Ansible's URL helper (proxies, CA bundle)."""
-    data = None if body is None else json.dumps(body)
-    all_headers = dict(headers or {}, **{"Content-Type": "application/json"})
-    resp = open_url(url, data=data, headers=all_headers, method="GET" if body is None else "POST", timeout=max(timeout, 0.1))
-    return resp.status, json.loads(resp.read().decode("utf-8") or "null")
 
 
 def main():
@@ -282,7 +272,7 @@ def main():
     if not HAS_MSGSPEC:
         module.fail_json(msg=missing_required_lib("msgspec"), exception=MSGSPEC_IMPORT_ERROR)
     try:
-        facts = KVEventsCheck(module.params, check_mode=module.check_mode, http=_http_json).run()
+        facts = KVEventsCheck(module.params, check_mode=module.check_mode).run()
     except CheckFailed as exc:
         facts = dict(exc.facts, changed=False)
         module.fail_json(msg=exc.msg, **facts)

@@ -16,6 +16,7 @@ import pytest
 import zmq
 
 from ansible_collections.inference_cache.substrate.plugins.module_utils._kv_args import KV_STREAM_ARG_SPEC
+from ansible_collections.inference_cache.substrate.plugins.module_utils._openai_http import OpenAIHTTPError
 from ansible_collections.inference_cache.substrate.plugins.module_utils._kv_check import (
     CHECK_ARG_SPEC, CheckFailed, KVEventsCheck, send_trigger)
 
@@ -184,38 +185,65 @@ def test_data_parallel_ranks(zctx, publisher):
     assert facts["endpoints"] == [base, base + "_dp1"]
 
 
+def fake_client(answers, calls):
+    """An OpenAIClient stand-in: ``answers`` maps a path to its JSON answer or to an exception to raise."""
+
+    class FakeClient(object):
+        def __init__(self, base_url, api_key=None, timeout=None, headers=None):
+            self.base_url, self.last_status = base_url, None
+            calls.append(("init", base_url, api_key, dict(headers or {})))
+
+        def url(self, path):
+            return self.base_url + path
+
+        def _answer(self, path, body):
+            calls.append((path, body))
+            answer = answers[path]
+            if isinstance(answer, Exception):
+                raise answer
+            self.last_status = 200
+            return answer
+
+        def get_json(self, path):
+            return self._answer(path, None)
+
+        def post_json(self, path, body):
+            return self._answer(path, body)
+
+    return FakeClient
+
+
 def test_trigger_sent_after_connection(zctx, inproc, publisher):
     calls = []
-
-    def http(url, body, headers, timeout):
-        calls.append((url, body, headers))
-        if body is None:
-            return 200, {"data": [{"id": "tiny"}]}
-        return 200, {"usage": {"prompt_tokens": 57, "prompt_tokens_details": {"cached_tokens": 32}}}
-
+    client = fake_client({"/v1/models": {"data": [{"id": "tiny"}]},
+                          "/v1/completions": {"usage": {"prompt_tokens": 57, "prompt_tokens_details": {"cached_tokens": 32}}}}, calls)
     check = KVEventsCheck(params(endpoint=inproc[0], trigger={"url": "http://x:8000/", "api_key": "k", "headers": {"X-A": "1"},
-                                                              "delay": 0.05}), ctx=zctx, http=http)
+                                                              "delay": 0.05}), ctx=zctx, client_class=client)
     with publisher(inproc[0], count=3, wait_subscriber=5):
         facts = check.run()
-    assert [c[0] for c in calls] == ["http://x:8000/v1/models", "http://x:8000/v1/completions"]
-    assert calls[1][1]["model"] == "tiny" and calls[1][1]["max_tokens"] == 1
-    assert calls[1][2]["Authorization"] == "Bearer k" and calls[1][2]["X-A"] == "1"
+    assert calls[0] == ("init", "http://x:8000", "k", {"X-A": "1"})
+    assert [c[0] for c in calls[1:]] == ["/v1/models", "/v1/completions"]
+    assert calls[2][1]["model"] == "tiny" and calls[2][1]["max_tokens"] == 1
     assert facts["trigger"] == {"sent": True, "url": "http://x:8000/v1/completions", "status": 200, "model": "tiny",
                                 "prompt_tokens": 57, "cached_tokens": 32}
     assert "prompt" not in json.dumps(facts["sample"])
 
 
 def test_trigger_failure_message():
-    def http(url, body, headers, timeout):
-        raise OSError("Connection refused")
-
+    error = OpenAIHTTPError("Cannot reach http://127.0.0.1:9/v1/completions: Connection refused")
     with pytest.raises(CheckFailed) as info:
-        send_trigger({"url": "http://127.0.0.1:9", "model": "m"}, 1.0, http)
-    assert info.value.msg == "The trigger request to http://127.0.0.1:9/v1/completions failed: Connection refused."
+        send_trigger({"url": "http://127.0.0.1:9", "model": "m"}, 1.0, fake_client({"/v1/completions": error}, []))
+    assert info.value.msg == "The trigger request failed: Cannot reach http://127.0.0.1:9/v1/completions: Connection refused."
+
+
+def test_trigger_without_a_listed_model():
+    with pytest.raises(CheckFailed) as info:
+        send_trigger({"url": "http://h"}, 1.0, fake_client({"/v1/models": {"data": []}}, []))
+    assert info.value.msg == "The trigger request failed: http://h/v1/models lists no model; set the trigger's model."
 
 
 def test_trigger_without_cached_tokens():
-    facts = send_trigger({"url": "http://h/v1", "model": "m"}, 1.0, lambda *a: (200, {"usage": {"prompt_tokens": 3}}))
+    facts = send_trigger({"url": "http://h/v1", "model": "m"}, 1.0, fake_client({"/v1/completions": {"usage": {"prompt_tokens": 3}}}, []))
     assert facts["cached_tokens"] is None and facts["prompt_tokens"] == 3 and facts["url"] == "http://h/v1/completions"
 
 
@@ -223,7 +251,7 @@ def test_trigger_real_http_error():
     num = free_port()
     with pytest.raises(CheckFailed) as info:
         send_trigger({"url": "http://127.0.0.1:%d" % num, "model": "m"}, 2.0)
-    assert info.value.msg.startswith("The trigger request to http://127.0.0.1:%d/v1/completions failed:" % num)
+    assert info.value.msg.startswith("The trigger request failed: Cannot reach http://127.0.0.1:%d/v1/completions:" % num)
 
 
 @pytest.mark.parametrize("check_mode", [False, True])

@@ -164,6 +164,9 @@ class FakeEngine:
                 "# TYPE vllm:cache_config_info gauge\nvllm:cache_config_info{block_size=\"%d\"} 1\n"
                 % (self.hits, self.queries, self.block_size))
 
+    def get_json(self, path):
+        return json.loads(self.get_text(path))
+
     def post_json(self, path, body):
         if not self.reachable:
             self._fail(path)

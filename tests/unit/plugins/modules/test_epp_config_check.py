@@ -12,7 +12,6 @@ __metaclass__ = type  # pylint: disable=invalid-name
 import copy
 import json
 
-import pytest
 import yaml
 
 from ansible_collections.inference_cache.substrate.plugins.modules import epp_config_check, gpu_memory_plan

@@ -151,5 +151,5 @@ def test_trigger_http_error_message(publisher):
     ep = "tcp://127.0.0.1:%d" % free_port()
     with publisher(ep, bind=True, count=2):
         ok, res = run_module({"endpoint": ep, "timeout": 5, "trigger": {"url": "http://127.0.0.1:%d" % free_port(), "model": "m"}})
-    assert not ok and res["msg"].startswith("The trigger request to http://127.0.0.1:")
+    assert not ok and res["msg"].startswith("The trigger request failed: Cannot reach http://127.0.0.1:")
     assert res["trigger"]["sent"] is True and res["peer_connected"] == [True] and "counts" in res
