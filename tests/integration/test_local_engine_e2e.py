@@ -218,18 +218,21 @@ def test_engine_dying_during_start_up():
 
 def test_changed_settings_restart_and_absent_stops():
     args = _instance_vars("pytest-restart", 8110)
-    first = _playbook("playbooks/site.yml", *args)
-    assert first.returncode == 0, first.stdout[-3000:]
-    pidfile = os.path.join(STATE_DIR, "run", "pytest-restart", "engine.pid")
-    pid = open(pidfile).read().strip()
-    again = _playbook("playbooks/site.yml", *args)
-    assert _recap(again.stdout)["changed"] == 0 and open(pidfile).read().strip() == pid
-    changed = _playbook("playbooks/site.yml", "-e", "local_engine_max_model_len=1024", *args)
-    assert changed.returncode == 0 and _recap(changed.stdout)["changed"] >= 2
-    new_pid = open(pidfile).read().strip()
-    assert new_pid != pid and _gone(pid)
-    stop = _playbook("playbooks/teardown.yml", *args)
-    assert stop.returncode == 0 and _recap(stop.stdout)["changed"] == 1
-    assert not os.path.exists(pidfile) and _gone(new_pid)
-    stop = _playbook("playbooks/teardown.yml", *args)
-    assert _recap(stop.stdout)["changed"] == 0
+    try:
+        first = _playbook("playbooks/site.yml", *args)
+        assert first.returncode == 0, first.stdout[-3000:]
+        pidfile = os.path.join(STATE_DIR, "run", "pytest-restart", "engine.pid")
+        pid = open(pidfile).read().strip()
+        again = _playbook("playbooks/site.yml", *args)
+        assert _recap(again.stdout)["changed"] == 0 and open(pidfile).read().strip() == pid
+        changed = _playbook("playbooks/site.yml", "-e", "local_engine_max_model_len=1024", *args)
+        assert changed.returncode == 0 and _recap(changed.stdout)["changed"] >= 2
+        new_pid = open(pidfile).read().strip()
+        assert new_pid != pid and _gone(pid)
+        stop = _playbook("playbooks/teardown.yml", *args)
+        assert stop.returncode == 0 and _recap(stop.stdout)["changed"] == 1
+        assert not os.path.exists(pidfile) and _gone(new_pid)
+        stop = _playbook("playbooks/teardown.yml", *args)
+        assert _recap(stop.stdout)["changed"] == 0
+    finally:  # whatever failed above, leave no engine of this instance running
+        _playbook("playbooks/teardown.yml", *args)
