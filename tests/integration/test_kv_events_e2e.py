@@ -21,20 +21,14 @@ import time
 
 import pytest
 
+from ansible_collections.inference_cache.substrate.tests.unit.plugins.net_utils import free_port
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BIN = os.path.dirname(sys.executable)
 PUBLISH = [sys.executable, os.path.join(ROOT, "tools", "kv_events_publish.py")]
 SUBSCRIBE = [sys.executable, os.path.join(ROOT, "tools", "kv_events_subscribe.py")]
 ENV = dict(os.environ, ANSIBLE_CALLBACK_RESULT_FORMAT="json", ANSIBLE_NOCOLOR="1", ANSIBLE_FORCE_COLOR="0",
            ANSIBLE_PYTHON_INTERPRETER=sys.executable, ANSIBLE_LOCALHOST_WARNING="0")
-
-
-def free_port():
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    sock.close()
-    return port
 
 
 def tcp():

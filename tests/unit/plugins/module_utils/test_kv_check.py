@@ -10,15 +10,15 @@ from __future__ import absolute_import, division, print_function
 __metaclass__ = type  # pylint: disable=invalid-name
 
 import json
-import socket
 
 import pytest
 import zmq
 
 from ansible_collections.inference_cache.substrate.plugins.module_utils._kv_args import KV_STREAM_ARG_SPEC
-from ansible_collections.inference_cache.substrate.plugins.module_utils._openai_http import OpenAIHTTPError
 from ansible_collections.inference_cache.substrate.plugins.module_utils._kv_check import (
     CHECK_ARG_SPEC, CheckFailed, KVEventsCheck, send_trigger)
+from ansible_collections.inference_cache.substrate.plugins.module_utils._openai_http import OpenAIHTTPError
+from ansible_collections.inference_cache.substrate.tests.unit.plugins.net_utils import free_port
 
 
 def params(**kw):
@@ -131,14 +131,6 @@ def test_connect_never_completes(zctx, inproc):
 def test_bind_nobody_connects(zctx, inproc):
     exc = fail(zctx, endpoint=inproc[0], socket_mode="bind", timeout=0.3)
     assert "no publisher connected; the engine must connect to this address" in exc.msg
-
-
-def free_port():
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    sock.close()
-    return port
 
 
 @pytest.mark.parametrize("publisher_binds", [True, False])

@@ -10,7 +10,6 @@ from __future__ import absolute_import, division, print_function
 __metaclass__ = type  # pylint: disable=invalid-name
 
 import json
-import socket
 import threading
 from http.server import BaseHTTPRequestHandler, HTTPServer
 
@@ -18,14 +17,7 @@ import pytest
 
 from ansible_collections.inference_cache.substrate.plugins.modules import kv_events_check
 from ansible_collections.inference_cache.substrate.tests.unit.plugins.modules.utils import run_module as run
-
-
-def free_port():
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    sock.close()
-    return port
+from ansible_collections.inference_cache.substrate.tests.unit.plugins.net_utils import free_port
 
 
 def run_module(args, check_mode=False):
