@@ -103,6 +103,7 @@ class KVEventsCheck:
         self.seqs = SequenceTracker()
         self.trigger = {"sent": False, "url": None, "status": None, "prompt_tokens": None, "cached_tokens": None, "model": None}
         self.capture = []
+        self.backlog_batches = 0
         self.connected = []
         self.start = None
         expect = params.get("expect")
@@ -113,6 +114,7 @@ class KVEventsCheck:
         facts = self.stats.facts()
         facts.update(self.seqs.facts())
         facts["trigger"] = dict(self.trigger)
+        facts["backlog_batches"] = self.backlog_batches
         facts["elapsed"] = round(self.clock() - self.start, 3) if self.start is not None else 0.0
         try:
             facts["endpoints"] = self.endpoints()
@@ -229,6 +231,10 @@ class KVEventsCheck:
                 all_connected_at = now
             if trigger_pending and all_connected_at is not None and now - all_connected_at >= delay:
                 trigger_pending = False
+                if self.p.get("socket_mode") == "bind":
+                    # An engine that connects queues its events while nobody is bound and delivers that backlog
+                    # as soon as we bind; count only what arrives once the trigger is on its way.
+                    self.backlog_batches = self.stats.begin_window()
                 try:
                     self.trigger = send_trigger(trigger, max(deadline - now, 0.1), self.client_class)
                 except CheckFailed as exc:

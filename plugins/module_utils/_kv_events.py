@@ -524,6 +524,19 @@ class KVStats:
             return "unknown" if self.batches else None
         return "+".join(sorted(engines))
 
+    def begin_window(self):
+        """Forget the events counted so far and return how many batches that was.
+
+        What describes the stream (formats, topics, engine, malformed frames) is kept; only the event accounting
+        starts again, so that the counts describe what arrived from now on.
+        """
+        backlog = self.batches
+        fresh = KVStats(self.sample_size, self.max_tracked_hashes)
+        for name in ("counts", "batches", "stored_blocks", "stored_tokens", "removed_blocks", "removed_after_stored",
+                     "block_sizes", "sample", "stored_hashes"):
+            setattr(self, name, getattr(fresh, name))
+        return backlog
+
     def facts(self):
         return {
             "counts": dict(self.counts),

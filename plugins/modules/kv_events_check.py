@@ -239,6 +239,14 @@ endpoints:
   type: list
   elements: str
   sample: [tcp://127.0.0.1:5557]
+backlog_batches:
+  description:
+    - With O(socket_mode=bind) and a O(trigger), the batches that arrived before the trigger was sent and are left
+      out of the counts. An engine that connects queues its events while nothing is bound and delivers them when
+      the checker binds, so they belong to earlier requests.
+  returned: always
+  type: int
+  sample: 2
 peer_connected:
   description: Per endpoint, whether a ZMQ peer connected.
   returned: always

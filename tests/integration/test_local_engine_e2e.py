@@ -128,6 +128,10 @@ def test_verify_playbook_passes_and_writes_a_report(tmp_path):
     assert report["passed"] is True and report["failure"] is None
     assert report["kv_events_cold"]["block_size"] == 32
     assert report["kv_events_cold"]["stored_tokens"] >= report["kv_events_warm"]["trigger"]["cached_tokens"] >= 32
+    # Only the cold request's own blocks count (an earlier request's backlog is set aside): its prompt's full blocks,
+    # plus at most one block filled while decoding (verify_max_tokens is 4).
+    cold = report["kv_events_cold"]
+    assert cold["trigger"]["prompt_tokens"] // 32 * 32 <= cold["stored_tokens"] <= (cold["trigger"]["prompt_tokens"] + 4) // 32 * 32
     assert report["prefix_cache"]["hit_tokens"] >= 32
     assert "PASSED" in (tmp_path / "summary.txt").read_text()
     assert "Verification of http://127.0.0.1:8000" in result.stdout

@@ -215,6 +215,19 @@ def test_random_msgpack_structures_never_crash(obj):
     json.dumps(stats.facts())
 
 
+def test_begin_window_sets_the_backlog_aside(dec):
+    stats = kv.KVStats()
+    stats.add_batch(dec.decode_frames(frames(ENC([1.0, [VLLM_MAP_STORED], 0]), seq=0)))
+    stats.add_batch(dec.decode_frames(frames(ENC([1.1, [VLLM_MAP_STORED], 0]), seq=1)))
+    stats.add_malformed("first reason")
+    assert stats.begin_window() == 2
+    stats.add_batch(dec.decode_frames(frames(ENC([2.0, [dict(VLLM_MAP_STORED, block_hashes=[9])], 0]), seq=2)))
+    facts = stats.facts()
+    assert facts["batches"] == 1 and facts["counts"]["BlockStored"] == 1
+    assert facts["stored_blocks"] == 1 and facts["stored_tokens"] == 32 and len(facts["sample"]) == 1
+    assert facts["malformed"] == {"count": 1, "first_reason": "first reason"} and facts["engine"] == "vllm"
+
+
 # --- replay replies -----------------------------------------------------------------------------
 REPLIES = [
     ("with-topic", [b"", b"kv", (5).to_bytes(8, "big"), b"P"], ("kv", 5, b"P", False)),
