@@ -16,6 +16,7 @@ import pytest
 
 from ansible_collections.inference_cache.substrate.plugins.module_utils import _openai_http as http
 from ansible_collections.inference_cache.substrate.plugins.module_utils import _prefix_cache as pc
+from ansible_collections.inference_cache.substrate.tests.unit.plugins.net_utils import free_port
 
 VLLM_PAGE = """\
 # HELP vllm:prefix_cache_queries Prefix cache queries, in terms of number of queried tokens.
@@ -345,10 +346,7 @@ def test_client_errors_are_sentences():
 
 
 def test_client_against_a_real_closed_port():
-    import socket
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_port()
     with pytest.raises(http.OpenAIHTTPError, match="Cannot reach"):
         http.OpenAIClient("http://127.0.0.1:%d" % port, timeout=2).get_text("/metrics")
 

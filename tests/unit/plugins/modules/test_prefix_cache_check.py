@@ -10,7 +10,6 @@ from __future__ import absolute_import, division, print_function
 __metaclass__ = type  # pylint: disable=invalid-name
 
 import json
-import socket
 
 import pytest
 
@@ -18,6 +17,7 @@ import pytest
 from ansible_collections.inference_cache.substrate.plugins.modules import prefix_cache_check as module
 from ansible_collections.inference_cache.substrate.plugins.module_utils import _prefix_cache as pc
 from ansible_collections.inference_cache.substrate.tests.unit.plugins.modules.utils import run_module
+from ansible_collections.inference_cache.substrate.tests.unit.plugins.net_utils import free_port
 
 
 def run(args):
@@ -101,9 +101,7 @@ def test_bad_arguments(probe, args, message):
 
 def test_real_probe_against_a_closed_port():
     """No fake: the module against a port where nothing listens fails with one sentence."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_port()
     failed, result = run({"url": "http://127.0.0.1:%d" % port, "model": "m", "timeout": 2})
     assert failed
     assert result["msg"].startswith("Cannot reach http://127.0.0.1:%d/metrics" % port)
