@@ -8,7 +8,7 @@ export ANSIBLE_FORCE_COLOR := 0
 export PY_COLORS := 0
 export NO_COLOR := 1
 
-.PHONY: help setup site verify teardown render kubernetes test sanity units pytest lint molecule build changelog argspecs bench freeze clean
+.PHONY: help setup site verify teardown render kubernetes test sanity units pytest integration engine lint molecule build changelog argspecs bench freeze clean
 
 help:  ## List the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -42,14 +42,20 @@ sanity: setup  ## ansible-test sanity on a staged copy (no Docker)
 units: setup  ## ansible-test units on a staged copy (no Docker)
 	scripts/ansible_test.sh units --local --python 3.11 --color no
 
-pytest: setup  ## pytest: unit, module, integration (synthetic publisher, real engine) and rendered-manifest tests
+pytest: setup  ## pytest, all of it: what `units`, `integration` and `engine` run (one engine run at a time)
 	LOCAL_ENGINE_START=1 LOCAL_ENGINE_REQUIRED=1 $(BIN)/pytest -rs tests/unit tests/integration
+
+integration: setup  ## pytest tests/integration without the real engine: synthetic KV events, roles, rendered manifests
+	$(BIN)/pytest -rs tests/integration --ignore=tests/integration/test_local_engine_e2e.py
+
+engine: setup  ## pytest against the real local vLLM engine on CPU (installs and starts it; stops it at the end)
+	LOCAL_ENGINE_START=1 LOCAL_ENGINE_REQUIRED=1 $(BIN)/pytest -rs tests/integration/test_local_engine_e2e.py
 
 lint: setup  ## ansible-lint, production profile, offline
 	$(BIN)/ansible-lint --offline
 
-molecule: setup  ## Every molecule scenario that can run here; the others are skipped with their reason
-	scripts/molecule.sh
+molecule: setup  ## Every molecule scenario that can run here (or SCENARIOS="a b"); the others are skipped with their reason
+	scripts/molecule.sh $(SCENARIOS)
 
 build: setup  ## ansible-galaxy collection build into .cache/dist
 	@mkdir -p .cache/dist

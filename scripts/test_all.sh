@@ -1,28 +1,73 @@
 #!/usr/bin/env bash
-# `make test`: every stage, in order, each one's output shown and kept in .cache/test-logs/<stage>.log.
-# A failing stage does not stop the others; the summary says what ran, and the exit status is non-zero
-# when any stage failed.
+# `make test`: every stage, each one a make target, its output kept in .cache/test-logs/<stage>.log.
+#
+# The stages run in two lanes at once, because the slow parts wait on different things:
+#   engine  the real vLLM engine on CPU (its install is mostly download and unpacking, then the engine's
+#           own processes): pytest against it, then the molecule scenario that converges site.yml on it;
+#   checks  everything else (ansible-test sanity and units, the other pytest and molecule tests, lint, build).
+# The lanes share no port, file or engine. A stage's output is printed in one block when it ends.
+# A failing stage does not stop the others; the summary says what ran, and the exit status is non-zero when
+# any stage failed.
+#
+# Usage: scripts/test_all.sh [stage ...]   (named stages run one after another; TEST_SERIAL=1 runs all that way)
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 logs=.cache/test-logs
 mkdir -p "$logs"
-stages=(changelog argspecs sanity units pytest lint molecule build)
-[ $# -gt 0 ] && stages=("$@")
-declare -A status seconds
+rm -f "$logs"/*.status
+
+# The molecule scenarios other than `default` (which needs the local engine) run in the checks lane.
+other_scenarios=$(for f in extensions/molecule/*/molecule.yml; do basename "$(dirname "$f")"; done | grep -vx default | tr '\n' ' ')
+declare -A cmd=(
+  [changelog]="make changelog"
+  [argspecs]="make argspecs"
+  [sanity]="make sanity"
+  [units]="make units"
+  [integration]="make integration"
+  [lint]="make lint"
+  [molecule-checks]="make molecule SCENARIOS='${other_scenarios% }'"
+  [build]="make build"
+  [engine]="make engine"
+  [molecule-engine]="make molecule SCENARIOS=default"
+)
+engine_lane=(engine molecule-engine)
+checks_lane=(changelog argspecs sanity units integration lint molecule-checks build)
+all=("${checks_lane[@]}" "${engine_lane[@]}")
+
+run_stage() {
+  local stage=$1 t0=$SECONDS rc
+  [ -n "${cmd[$stage]:-}" ] || { echo "no stage named $stage (stages: ${all[*]})"; echo "2 0" > "$logs/$stage.status"; return; }
+  echo "$(date +%T) start  $stage: ${cmd[$stage]}"
+  bash -c "${cmd[$stage]} --no-print-directory" > "$logs/$stage.log" 2>&1
+  rc=$?
+  echo "$rc $((SECONDS - t0))" > "$logs/$stage.status"
+  {
+    flock 9
+    printf '\n===== %s: %s (%s, %ss) =====\n' "$stage" "${cmd[$stage]}" "$([ "$rc" -eq 0 ] && echo passed || echo "FAILED, exit $rc")" "$((SECONDS - t0))"
+    cat "$logs/$stage.log"
+    printf '===== end of %s =====\n' "$stage"
+  } 9> "$logs/.print.lock"
+}
+run_lane() { local stage; for stage in "$@"; do run_stage "$stage"; done; }
+
 start_all=$SECONDS
-for stage in "${stages[@]}"; do
-  printf '\n===== make %s =====\n' "$stage"
-  t0=$SECONDS
-  make --no-print-directory "$stage" 2>&1 | tee "$logs/$stage.log"
-  rc=${PIPESTATUS[0]}
-  seconds[$stage]=$((SECONDS - t0))
-  if [ "$rc" -eq 0 ]; then status[$stage]=passed; else status[$stage]="FAILED (exit $rc)"; fi
-done
+if [ $# -gt 0 ]; then
+  stages=("$@"); run_lane "${stages[@]}"
+elif [ "${TEST_SERIAL:-0}" = 1 ]; then
+  stages=("${all[@]}"); run_lane "${stages[@]}"
+else
+  stages=("${all[@]}")
+  run_lane "${engine_lane[@]}" &
+  run_lane "${checks_lane[@]}" &
+  wait
+fi
+
 passed=0; failed=0
 printf '\n===== summary (%ss in all) =====\n' "$((SECONDS - start_all))"
 for stage in "${stages[@]}"; do
-  printf '  %-10s %-16s %5ss   %s\n' "$stage" "${status[$stage]}" "${seconds[$stage]}" "$(scripts/stage_summary.sh "$stage" "$logs/$stage.log")"
-  if [ "${status[$stage]}" = passed ]; then passed=$((passed + 1)); else failed=$((failed + 1)); fi
+  read -r rc secs < "$logs/$stage.status" 2>/dev/null || { rc=missing; secs=0; }
+  if [ "$rc" = 0 ]; then state=passed; passed=$((passed + 1)); else state="FAILED (exit $rc)"; failed=$((failed + 1)); fi
+  printf '  %-16s %-16s %5ss   %s\n' "$stage" "$state" "$secs" "$(scripts/stage_summary.sh "$stage" "$logs/$stage.log" 2>/dev/null)"
 done
 echo "stages: $passed passed, $failed failed"
 [ "$failed" -eq 0 ]

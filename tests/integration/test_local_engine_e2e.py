@@ -10,8 +10,10 @@ KV events to tcp://127.0.0.1:5557, replay on 5558): run ``ansible-playbook playb
 ``LOCAL_ENGINE_START=1`` and this module runs it (and stops it again with ``playbooks/teardown.yml`` at the end). Without a running
 engine every test here is skipped with that reason; ``LOCAL_ENGINE_REQUIRED=1`` turns the skip into a failure (CI).
 
-The bad-input and restart tests start extra engine instances (instance names ``pytest-*``, ports 8100-8102 and 8110, replay ports 1000 higher)
-next to the default one, sharing its installation and model, and stop them again.
+The bad-input tests start extra engine instances (instance names ``pytest-*``, ports 8100-8102, replay ports 1000 higher) next to
+the default one, sharing its installation and model, and stop them again. The restart test, the module's last, restarts and stops
+the default engine when this module started it (that stop is the module's teardown); an engine it did not start is left alone,
+and the test then uses an instance of its own (``pytest-restart``, port 8110).
 """
 
 from __future__ import absolute_import, division, print_function
@@ -38,6 +40,8 @@ STATE_DIR = os.path.expanduser("~/.cache/inference_cache/local_engine")
 
 
 ENV = dict(os.environ, ANSIBLE_FORCE_COLOR="0", ANSIBLE_NOCOLOR="1", ANSIBLE_CALLBACK_RESULT_FORMAT="json")
+# Set by the module fixture: whether this module started the default engine (and so may restart and stop it).
+STARTED_HERE = {"default": False}
 
 
 def _playbook(*args, timeout=900):
@@ -72,6 +76,7 @@ def engine():
     with open(os.path.join(STATE_DIR, ".pytest.lock"), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         starts_engine = os.environ.get("LOCAL_ENGINE_START") == "1" and not _engine_up()
+        STARTED_HERE["default"] = starts_engine
         try:
             _start_or_skip()
             yield URL
@@ -143,7 +148,7 @@ def test_verify_playbook_passes_and_writes_a_report(tmp_path):
     ("verify_kv_events_topic=nosuchtopic", "but messages arrived under topic 'kv@127.0.0.1:8000@tiny'"),
 ])
 def test_verify_asserts_can_fail(tmp_path, extra, message):
-    result = _playbook("playbooks/verify.yml", "-e", "verify_report_dir=%s" % tmp_path, "-e", extra, "-e", "verify_kv_events_timeout=15")
+    result = _playbook("playbooks/verify.yml", "-e", "verify_report_dir=%s" % tmp_path, "-e", extra, "-e", "verify_kv_events_timeout=10")
     assert result.returncode != 0
     assert "Verification of http://127.0.0.1:8000 failed:" in result.stdout
     assert message in result.stdout
@@ -154,13 +159,10 @@ def test_verify_asserts_can_fail(tmp_path, extra, message):
 
 def test_site_second_run_changes_nothing():
     pid_before = open(os.path.join(STATE_DIR, "run", "default", "engine.pid")).read()
-    started = time.monotonic()
     result = _playbook("playbooks/site.yml", "--skip-tags", "molecule-idempotence-notest")
-    elapsed = time.monotonic() - started
     assert result.returncode == 0, result.stdout[-3000:]
     assert _recap(result.stdout)["changed"] == 0, result.stdout[-3000:]
     assert open(os.path.join(STATE_DIR, "run", "default", "engine.pid")).read() == pid_before
-    assert elapsed < 60
 
 
 def test_check_mode_changes_nothing():
@@ -221,11 +223,15 @@ def test_engine_dying_during_start_up():
 
 
 def test_changed_settings_restart_and_absent_stops():
-    args = _instance_vars("pytest-restart", 8110)
+    # Keep this test last: on the default engine it ends with the engine stopped.
+    if STARTED_HERE["default"]:
+        name, args = "default", ["--tags", "local_engine"]
+    else:
+        name, args = "pytest-restart", _instance_vars("pytest-restart", 8110)
     try:
         first = _playbook("playbooks/site.yml", *args)
         assert first.returncode == 0, first.stdout[-3000:]
-        pidfile = os.path.join(STATE_DIR, "run", "pytest-restart", "engine.pid")
+        pidfile = os.path.join(STATE_DIR, "run", name, "engine.pid")
         pid = open(pidfile).read().strip()
         again = _playbook("playbooks/site.yml", *args)
         assert _recap(again.stdout)["changed"] == 0 and open(pidfile).read().strip() == pid
