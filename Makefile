@@ -8,7 +8,7 @@ export ANSIBLE_FORCE_COLOR := 0
 export PY_COLORS := 0
 export NO_COLOR := 1
 
-.PHONY: help setup site verify teardown render kubernetes test sanity units pytest integration engine lint molecule build changelog argspecs bench freeze clean
+.PHONY: help setup site verify teardown render kubernetes test sanity units pytest integration engine lint molecule molecule-destroy build changelog argspecs bench freeze clean
 
 help:  ## List the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -43,19 +43,22 @@ units: setup  ## ansible-test units on a staged copy (no Docker)
 	scripts/ansible_test.sh units --local --python 3.11 --color no
 
 pytest: setup  ## pytest, all of it: what `units`, `integration` and `engine` run (one engine run at a time)
-	LOCAL_ENGINE_START=1 LOCAL_ENGINE_REQUIRED=1 $(BIN)/pytest -rs tests/unit tests/integration
+	LOCAL_ENGINE_START=1 LOCAL_ENGINE_REQUIRED=1 $(BIN)/pytest -rs --durations=10 tests/unit tests/integration
 
 integration: setup  ## pytest tests/integration without the real engine: synthetic KV events, roles, rendered manifests
-	$(BIN)/pytest -rs tests/integration --ignore=tests/integration/test_local_engine_e2e.py
+	$(BIN)/pytest -rs --durations=10 tests/integration --ignore=tests/integration/test_local_engine_e2e.py
 
 engine: setup  ## pytest against the real local vLLM engine on CPU (installs and starts it; stops it at the end)
-	LOCAL_ENGINE_START=1 LOCAL_ENGINE_REQUIRED=1 $(BIN)/pytest -rs tests/integration/test_local_engine_e2e.py
+	LOCAL_ENGINE_START=1 LOCAL_ENGINE_REQUIRED=1 $(BIN)/pytest -rs --durations=10 tests/integration/test_local_engine_e2e.py
 
 lint: setup  ## ansible-lint, production profile, offline
 	$(BIN)/ansible-lint --offline
 
 molecule: setup  ## Every molecule scenario that can run here (or SCENARIOS="a b"); the others are skipped with their reason
-	scripts/molecule.sh $(SCENARIOS)
+	MOLECULE_TEST_ARGS="$(MOLECULE_TEST_ARGS)" scripts/molecule.sh $(SCENARIOS)
+
+molecule-destroy: setup  ## molecule destroy of SCENARIOS (after `make molecule MOLECULE_TEST_ARGS=--destroy=never`)
+	for s in $(SCENARIOS); do $(BIN)/molecule destroy -s $$s || exit 1; done
 
 build: setup  ## ansible-galaxy collection build into .cache/dist
 	@mkdir -p .cache/dist

@@ -2,7 +2,7 @@
 # Run every molecule scenario under extensions/molecule/ that can run on this machine.
 # A scenario that needs more than this machine has (a Docker engine, kind, a GPU) carries a preflight.sh:
 # when it exits non-zero, the scenario is skipped and its output is printed as the reason. Nothing else skips.
-# Usage: scripts/molecule.sh [scenario ...]
+# Usage: scripts/molecule.sh [scenario ...]   (MOLECULE_TEST_ARGS: more options for `molecule test`, e.g. --destroy=never)
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 export PATH=$PWD/.venv/bin:$PATH
@@ -19,8 +19,9 @@ for s in "${scenarios[@]}"; do
       skipped+=("$s"); continue
     fi
   fi
-  echo "----- molecule test -s $s"
-  if molecule test -s "$s"; then passed+=("$s"); else failed+=("$s"); fi
+  echo "----- molecule test -s $s ${MOLECULE_TEST_ARGS:-}"
+  # shellcheck disable=SC2086  # MOLECULE_TEST_ARGS holds options, split on purpose
+  if molecule test -s "$s" ${MOLECULE_TEST_ARGS:-}; then passed+=("$s"); else failed+=("$s"); fi
 done
 echo "molecule: ${#passed[@]} passed (${passed[*]:-}), ${#failed[@]} failed (${failed[*]:-}), ${#skipped[@]} skipped (${skipped[*]:-})"
 [ "${#failed[@]}" -eq 0 ]

@@ -2,8 +2,9 @@
 # `make test`: every stage, each one a make target, its output kept in .cache/test-logs/<stage>.log.
 #
 # The stages run in two lanes at once, because the slow parts wait on different things:
-#   engine  the real vLLM engine on CPU (its install is mostly download and unpacking, then the engine's
-#           own processes): pytest against it, then the molecule scenario that converges site.yml on it;
+#   engine  the real vLLM engine on CPU: molecule `default` installs and starts it (converge = site.yml) and,
+#           with --destroy=never, hands it to pytest, whose last test restarts and stops it; molecule destroy
+#           then checks that no engine process is left. One install, two engine starts in all;
 #   checks  everything else (ansible-test sanity and units, the other pytest and molecule tests, lint, build).
 # The lanes share no port, file or engine. A stage's output is printed in one block when it ends.
 # A failing stage does not stop the others; the summary says what ran, and the exit status is non-zero when
@@ -27,10 +28,11 @@ declare -A cmd=(
   [lint]="make lint"
   [molecule-checks]="make molecule SCENARIOS='${other_scenarios% }'"
   [build]="make build"
-  [engine]="make engine"
-  [molecule-engine]="make molecule SCENARIOS=default"
+  [molecule-engine]="make molecule SCENARIOS=default MOLECULE_TEST_ARGS=--destroy=never"
+  [engine]="LOCAL_ENGINE_OWNED=1 make engine"
+  [molecule-destroy]="make molecule-destroy SCENARIOS=default"
 )
-engine_lane=(engine molecule-engine)
+engine_lane=(molecule-engine engine molecule-destroy)
 checks_lane=(changelog argspecs sanity units integration lint molecule-checks build)
 all=("${checks_lane[@]}" "${engine_lane[@]}")
 
