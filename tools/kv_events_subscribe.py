@@ -24,6 +24,17 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _loader import module_utils  # noqa: E402  pylint: disable=wrong-import-position
 
 
+# The shared messages name the module's options; this tool says its own flags instead.
+CLI_WORDS = (("set socket_mode=bind", "pass --bind"), ("set socket_mode=connect", "leave out --bind"),
+             ("with socket_mode=connect", "without --bind"))
+
+
+def cli_message(msg):
+    for module_words, cli_words in CLI_WORDS:
+        msg = msg.replace(module_words, cli_words)
+    return msg
+
+
 def parse_args(argv):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--endpoint", required=True, help="ZMQ endpoint, e.g. tcp://127.0.0.1:5557")
@@ -73,7 +84,7 @@ def main(argv=None):
         status = 0
     except check.CheckFailed as exc:
         facts, status = exc.facts, 1
-        sys.stderr.write("error: %s\n" % exc.msg)
+        sys.stderr.write("error: %s\n" % cli_message(exc.msg))
     except KeyboardInterrupt:
         return 130
     summary = dict((k, facts.get(k)) for k in ("counts", "batches", "seq", "gaps", "restarts", "topics", "other_topics", "ranks",

@@ -125,6 +125,15 @@ def test_module_both_sides_connect_message(start_publisher):
     assert "the connection never completed" in res["msg"] and "set socket_mode=bind" in res["msg"]
 
 
+def test_subscriber_cli_names_its_own_flags(start_publisher):
+    ep = tcp()
+    start_publisher("--endpoint", ep, "--count", "5", "--duration", "20")  # publisher connects; so does the CLI without --bind
+    out = subprocess.run(SUBSCRIBE + ["--endpoint", ep, "--timeout", "2"], capture_output=True, text=True, timeout=60, check=False)
+    assert out.returncode == 1
+    assert "the connection never completed" in out.stderr and "if it connects, pass --bind." in out.stderr
+    assert "socket_mode" not in out.stderr
+
+
 def test_subscriber_cli_json_lines(start_publisher):
     ep, rep = tcp(), tcp()
     start_publisher("--endpoint", ep, "--bind", "--replay-endpoint", rep, "--count", "6", "--drop-at", "2", "--unknown-at", "1",
