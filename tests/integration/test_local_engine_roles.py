@@ -7,7 +7,7 @@
 
 * defaults/main.yml and meta/argument_specs.yml list the same variables, all with the role prefix;
 * the launcher template renders the command REFERENCE part L says works;
-* engine_ctl.py finds a taken port and names its owner, starts and stops a process group.
+* engine_ctl.py finds a taken port and names its owner, starts and stops a process group, refuses a second start.
 """
 
 from __future__ import absolute_import, division, print_function
@@ -85,6 +85,25 @@ def test_start_status_stop_a_process_group(tmp_path):
                    for pid in status["pids"])
     assert _ctl("status", *files)["alive"] is False
     assert _ctl("stop", "--timeout", "5", *files)["stopped"] is False
+
+
+def test_second_start_refuses_while_the_first_runs(tmp_path):
+    launcher = tmp_path / "engine.sh"
+    launcher.write_text("#!/bin/sh\nexec sleep 300\n")
+    launcher.chmod(0o700)
+    files = ["--pidfile", str(tmp_path / "pid"), "--runfile", str(tmp_path / "run")]
+    first = _ctl("start", "--launcher", str(launcher), "--log", str(tmp_path / "log"), "--checksum", "a", *files)
+    try:
+        second = _ctl("start", "--launcher", str(launcher), "--log", str(tmp_path / "log2"), "--checksum", "b", *files)
+        assert second["started"] is False and second["pid"] == first["pid"]
+        assert second["message"] == "another run started this engine instance meanwhile (pid %d); run the play again" % first["pid"]
+        assert _ctl("status", *files)["running_checksum"] == "a" and not (tmp_path / "log2").exists()
+    finally:
+        assert _ctl("stop", "--timeout", "5", *files)["stopped"]
+    # Once the first is gone, a start goes ahead again.
+    third = _ctl("start", "--launcher", str(launcher), "--log", str(tmp_path / "log"), "--checksum", "c", *files)
+    assert third["started"] is True and third["pid"] != first["pid"]
+    assert _ctl("stop", "--timeout", "5", *files)["stopped"]
 
 
 def test_wait_reports_an_engine_that_dies(tmp_path):

@@ -7,13 +7,14 @@ Standard library only; runs on the managed host. Every sub-command prints one JS
 
   status --pidfile F --runfile F                       is the engine alive, with which settings checksum
   ports  --host H --port P [--port P ...]              which of the ports are taken, and by which process
-  start  --launcher F --log F --pidfile F --runfile F --checksum C
+  start  --launcher F --log F --pidfile F --runfile F --checksum C   refuses while the pid file names a live engine
   wait   --pidfile F --runfile F --url U --log F --timeout S      bounded wait for /health; stops the engine on failure
   stop   --pidfile F --runfile F --timeout S           SIGTERM the session, bounded wait, SIGKILL what is left
 """
 
 import argparse
 import errno
+import fcntl
 import json
 import os
 import signal
@@ -158,15 +159,23 @@ def cmd_ports(args):
 
 
 def cmd_start(args):
-    with open(args.log, "wb") as log:
-        proc = subprocess.Popen(  # pylint: disable=consider-using-with
-            [args.launcher], stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-            start_new_session=True, close_fds=True,
-        )
-    with open(args.pidfile, "w") as handle:
-        handle.write("%d\n" % proc.pid)
-    with open(args.runfile, "w") as handle:
-        handle.write(args.checksum + "\n")
+    # Two runs of the role on one instance at once: the first start wins, the second says so instead of starting a
+    # second engine over the first one's pid file.
+    with open(args.pidfile + ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        running = _pid_from(args.pidfile)
+        if _alive(running):
+            return {"pid": running, "started": False,
+                    "message": "another run started this engine instance meanwhile (pid %d); run the play again" % running}
+        with open(args.log, "wb") as log:
+            proc = subprocess.Popen(  # pylint: disable=consider-using-with
+                [args.launcher], stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                start_new_session=True, close_fds=True,
+            )
+        with open(args.pidfile, "w") as handle:
+            handle.write("%d\n" % proc.pid)
+        with open(args.runfile, "w") as handle:
+            handle.write(args.checksum + "\n")
     return {"pid": proc.pid, "started": True}
 
 
