@@ -11,7 +11,7 @@ export NO_COLOR := 1
 .PHONY: help setup site verify teardown render kubernetes test sanity units pytest integration engine lint molecule molecule-destroy build changelog argspecs bench freeze clean
 
 help:  ## List the targets
-	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
+	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-17s %s\n", $$1, $$2}'
 
 setup:  ## Toolchain in .venv, kubernetes.core and this collection under .cache/collections
 	@scripts/setup.sh
@@ -57,8 +57,8 @@ lint: setup  ## ansible-lint, production profile, offline
 molecule: setup  ## Every molecule scenario that can run here (or SCENARIOS="a b"); the others are skipped with their reason
 	MOLECULE_TEST_ARGS="$(MOLECULE_TEST_ARGS)" scripts/molecule.sh $(SCENARIOS)
 
-molecule-destroy: setup  ## molecule destroy of SCENARIOS (after `make molecule MOLECULE_TEST_ARGS=--destroy=never`)
-	for s in $(SCENARIOS); do $(BIN)/molecule destroy -s $$s || exit 1; done
+molecule-destroy: setup  ## molecule destroy of SCENARIOS, or of all (after `make molecule MOLECULE_TEST_ARGS=--destroy=never`)
+	$(if $(SCENARIOS),for s in $(SCENARIOS); do $(BIN)/molecule destroy -s $$s || exit 1; done,$(BIN)/molecule destroy --all)
 
 build: setup  ## ansible-galaxy collection build into .cache/dist
 	@mkdir -p .cache/dist
