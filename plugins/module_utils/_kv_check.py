@@ -19,7 +19,7 @@ import time
 
 from ._kv_events import EVENT_TYPES, KVDecoder, KVStats, MalformedMessage, SequenceTracker, batch_json_lines, offset_endpoint
 from ._kv_zmq import SocketSetupError, drain_monitor, open_socket, replay, zmq
-from ._openai_http import OpenAIClient, OpenAIHTTPError, cached_tokens
+from ._openai_http import OpenAIClient, OpenAIHTTPError, cached_tokens, model_ids
 
 DEFAULT_EXPECT = {"BlockStored": 1}
 DEFAULT_PROMPT = " ".join([
@@ -71,11 +71,10 @@ def send_trigger(trigger, timeout, client_class=OpenAIClient):
     try:
         model = trigger.get("model")
         if not model:
-            listing = client.get_json("/v1/models")
-            try:
-                model = listing["data"][0]["id"]
-            except (KeyError, IndexError, TypeError):
+            models = model_ids(client.get_json("/v1/models"))
+            if not models:
                 raise OpenAIHTTPError("%s lists no model; set the trigger's model" % client.url("/v1/models"))
+            model = models[0]
         facts["model"] = model
         body = {"model": model, "prompt": trigger.get("prompt") or DEFAULT_PROMPT, "max_tokens": trigger.get("max_tokens") or 1}
         resp = client.post_json("/v1/completions", body)

@@ -94,10 +94,9 @@ class OpenAIClient:
             raise OpenAIHTTPError("%s answered HTTP %s%s" % (url, response.status, (": " + detail) if detail else ""), url, response.status)
         return response
 
-    def get_text(self, path):
-        """GET a page and return its text."""
-        url = self.url(path)
-        response = self._request(url, accept="text/plain, */*")
+    @staticmethod
+    def _read(response, url):
+        """The whole body of an open response, as text; the response is closed."""
         try:
             return response.read().decode("utf-8", "replace")
         except (HTTPException, socket.timeout, OSError) as exc:
@@ -105,28 +104,26 @@ class OpenAIClient:
         finally:
             response.close()
 
-    def get_json(self, path):
-        """GET a page and return its decoded JSON."""
-        text = self.get_text(path)
+    @staticmethod
+    def _json(text, url):
         try:
             return json.loads(text)
         except ValueError:
-            raise OpenAIHTTPError("%s did not answer JSON" % self.url(path), self.url(path))
+            raise OpenAIHTTPError("%s did not answer JSON" % url, url)
+
+    def get_text(self, path):
+        """GET a page and return its text."""
+        url = self.url(path)
+        return self._read(self._request(url, accept="text/plain, */*"), url)
+
+    def get_json(self, path):
+        """GET a page and return its decoded JSON."""
+        return self._json(self.get_text(path), self.url(path))
 
     def post_json(self, path, body):
         """POST a JSON body and return the decoded JSON answer."""
         url = self.url(path)
-        response = self._request(url, body)
-        try:
-            raw = response.read()
-        except (HTTPException, socket.timeout, OSError) as exc:
-            raise OpenAIHTTPError("Reading %s failed: %s" % (url, _reason(exc)), url)
-        finally:
-            response.close()
-        try:
-            return json.loads(raw.decode("utf-8", "replace"))
-        except ValueError:
-            raise OpenAIHTTPError("%s did not answer JSON" % url, url)
+        return self._json(self._read(self._request(url, body), url), url)
 
     def stream_completion(self, body, path="/v1/completions"):
         """Stream a completion; return text, usage, time to first token and total latency (seconds)."""
@@ -178,6 +175,12 @@ class OpenAIClient:
             "usage": usage,
             "chunks": chunks,
         }
+
+
+def model_ids(listing):
+    """The model ids in a ``/v1/models`` answer (empty when it lists none or is no such answer)."""
+    data = listing.get("data") if isinstance(listing, dict) else None
+    return [m["id"] for m in data or [] if isinstance(m, dict) and m.get("id")]
 
 
 def cached_tokens(usage):

@@ -37,7 +37,7 @@ except ImportError:  # pragma: no cover - exercised through the module's missing
     HAS_PROMETHEUS_CLIENT = False
     PROMETHEUS_CLIENT_IMPORT_ERROR = traceback.format_exc()
 
-from ._openai_http import OpenAIHTTPError, cached_tokens
+from ._openai_http import OpenAIHTTPError, cached_tokens, model_ids
 
 # (engine, hits counter, queries counter), first match on the metrics page wins.
 METRIC_SETS = (
@@ -58,6 +58,11 @@ WORDS = (
 
 class PrefixCacheError(Exception):
     """The measurement cannot be made; ``str(exc)`` is one sentence."""
+
+
+def _probe_error(exc):
+    """An HTTP failure as the probe's one sentence."""
+    return PrefixCacheError(str(exc).rstrip(".") + ".")
 
 
 def _require_parser():
@@ -172,17 +177,16 @@ class PrefixCacheProbe:
         except OpenAIHTTPError as exc:
             if exc.status is not None:
                 raise PrefixCacheError("The metrics endpoint %s is missing (HTTP %s)." % (self.metrics_url, exc.status))
-            raise PrefixCacheError(str(exc).rstrip(".") + ".")
+            raise _probe_error(exc)
         return parse_metrics(text, self.model)
 
     def resolve_model(self):
         if self.model:
             return self.model
         try:
-            data = self.client.get_json("/v1/models")
+            models = model_ids(self.client.get_json("/v1/models"))
         except OpenAIHTTPError as exc:
-            raise PrefixCacheError(str(exc).rstrip(".") + ".")
-        models = [m.get("id") for m in (data.get("data") or []) if isinstance(m, dict)]
+            raise _probe_error(exc)
         if not models:
             raise PrefixCacheError("The server lists no model at /v1/models; set the model option.")
         self.model = models[0]
@@ -196,7 +200,7 @@ class PrefixCacheProbe:
             except OpenAIHTTPError as exc:
                 if exc.status in (404, 405):
                     continue
-                raise PrefixCacheError(str(exc).rstrip(".") + ".")
+                raise _probe_error(exc)
             if isinstance(answer, dict):
                 if isinstance(answer.get("count"), int):
                     return answer["count"]
@@ -233,7 +237,7 @@ class PrefixCacheProbe:
         try:
             answer = self.client.stream_completion(body)
         except OpenAIHTTPError as exc:
-            raise PrefixCacheError(str(exc).rstrip(".") + ".")
+            raise _probe_error(exc)
         usage = answer.get("usage") or {}
         return {
             "ttft": round(answer["ttft"], 4),

@@ -68,12 +68,17 @@ def test_ports_names_the_owner():
     assert _ctl("ports", "--host", "127.0.0.1", "--port", str(port))["busy"] == []
 
 
-def test_start_status_stop_a_process_group(tmp_path):
+def _launcher(tmp_path, script):
+    """A launcher running ``script`` (sh), and the --pidfile/--runfile arguments of its instance."""
     launcher = tmp_path / "engine.sh"
-    # A parent with a child in the same session, like the API server and its EngineCore.
-    launcher.write_text("#!/bin/sh\nsleep 300 &\nexec sleep 301\n")
+    launcher.write_text("#!/bin/sh\n" + script)
     launcher.chmod(0o700)
-    files = ["--pidfile", str(tmp_path / "pid"), "--runfile", str(tmp_path / "run")]
+    return launcher, ["--pidfile", str(tmp_path / "pid"), "--runfile", str(tmp_path / "run")]
+
+
+def test_start_status_stop_a_process_group(tmp_path):
+    # A parent with a child in the same session, like the API server and its EngineCore.
+    launcher, files = _launcher(tmp_path, "sleep 300 &\nexec sleep 301\n")
     started = _ctl("start", "--launcher", str(launcher), "--log", str(tmp_path / "log"), "--checksum", "abc", *files)
     time.sleep(0.5)
     status = _ctl("status", *files)
@@ -88,10 +93,7 @@ def test_start_status_stop_a_process_group(tmp_path):
 
 
 def test_second_start_refuses_while_the_first_runs(tmp_path):
-    launcher = tmp_path / "engine.sh"
-    launcher.write_text("#!/bin/sh\nexec sleep 300\n")
-    launcher.chmod(0o700)
-    files = ["--pidfile", str(tmp_path / "pid"), "--runfile", str(tmp_path / "run")]
+    launcher, files = _launcher(tmp_path, "exec sleep 300\n")
     first = _ctl("start", "--launcher", str(launcher), "--log", str(tmp_path / "log"), "--checksum", "a", *files)
     try:
         second = _ctl("start", "--launcher", str(launcher), "--log", str(tmp_path / "log2"), "--checksum", "b", *files)
@@ -107,10 +109,7 @@ def test_second_start_refuses_while_the_first_runs(tmp_path):
 
 
 def test_wait_reports_an_engine_that_dies(tmp_path):
-    launcher = tmp_path / "engine.sh"
-    launcher.write_text("#!/bin/sh\necho 'error: unrecognized arguments: --bogus' >&2\nexit 2\n")
-    launcher.chmod(0o700)
-    files = ["--pidfile", str(tmp_path / "pid"), "--runfile", str(tmp_path / "run")]
+    launcher, files = _launcher(tmp_path, "echo 'error: unrecognized arguments: --bogus' >&2\nexit 2\n")
     log = str(tmp_path / "log")
     _ctl("start", "--launcher", str(launcher), "--log", log, "--checksum", "x", *files)
     result = _ctl("wait", *files, "--url", "http://127.0.0.1:9/health", "--log", log, "--timeout", "20")

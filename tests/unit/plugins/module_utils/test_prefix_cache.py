@@ -354,3 +354,26 @@ def test_client_against_a_real_closed_port():
 def test_cached_tokens_absent():
     assert http.cached_tokens(None) is None
     assert http.cached_tokens({"prompt_tokens": 3}) is None
+
+
+@pytest.mark.parametrize("listing, ids", [
+    ({"object": "list", "data": [{"id": "tiny"}, {"id": "other"}]}, ["tiny", "other"]),
+    ({"data": []}, []),
+    ({"data": [{"object": "model"}, "tiny", {"id": "b"}]}, ["b"]),  # entries without an id are skipped
+    ({"detail": "Not Found"}, []),
+    ([{"id": "tiny"}], []),
+    (None, []),
+])
+def test_model_ids(listing, ids):
+    assert http.model_ids(listing) == ids
+
+
+def test_probe_without_a_listed_model():
+    class ListsNoModel(FakeEngine):
+        def get_json(self, path):
+            return {"data": [{"object": "model"}]} if path == "/v1/models" else FakeEngine.get_json(self, path)
+
+    engine = ListsNoModel()
+    with pytest.raises(pc.PrefixCacheError, match=r"^The server lists no model at /v1/models; set the model option\.$"):
+        pc.PrefixCacheProbe(engine, "http://engine/metrics").run()
+
