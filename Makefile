@@ -42,20 +42,25 @@ sanity: setup  ## ansible-test sanity on a staged copy (no Docker)
 units: setup  ## ansible-test units on a staged copy (no Docker)
 	scripts/ansible_test.sh units --local --python 3.11 --color no
 
+# pytest with skip reasons and the slowest tests listed; with the real engine started when none runs, and required.
+PYTEST := $(BIN)/pytest -rs --durations=10
+PYTEST_ENGINE := LOCAL_ENGINE_START=1 LOCAL_ENGINE_REQUIRED=1 $(PYTEST)
+ENGINE_TESTS := tests/integration/test_local_engine_e2e.py
+
 pytest: setup  ## pytest, all of it: what `units`, `integration` and `engine` run (one engine run at a time)
-	LOCAL_ENGINE_START=1 LOCAL_ENGINE_REQUIRED=1 $(BIN)/pytest -rs --durations=10 tests/unit tests/integration
+	$(PYTEST_ENGINE) tests/unit tests/integration
 
 integration: setup  ## pytest tests/integration without the real engine: synthetic KV events, roles, rendered manifests
-	$(BIN)/pytest -rs --durations=10 tests/integration --ignore=tests/integration/test_local_engine_e2e.py
+	$(PYTEST) tests/integration --ignore=$(ENGINE_TESTS)
 
 engine: setup  ## pytest against the real local vLLM engine on CPU (installs and starts it; stops it at the end)
-	LOCAL_ENGINE_START=1 LOCAL_ENGINE_REQUIRED=1 $(BIN)/pytest -rs --durations=10 tests/integration/test_local_engine_e2e.py
+	$(PYTEST_ENGINE) $(ENGINE_TESTS)
 
 lint: setup  ## ansible-lint, production profile, offline
 	$(BIN)/ansible-lint --offline
 
-molecule: setup  ## Every molecule scenario that can run here (or SCENARIOS="a b"); the others are skipped with their reason
-	MOLECULE_TEST_ARGS="$(MOLECULE_TEST_ARGS)" scripts/molecule.sh $(SCENARIOS)
+molecule: setup  ## Every molecule scenario that can run here (or SCENARIOS="a b", MOLECULE_EXCEPT="c"); the others are skipped with their reason
+	MOLECULE_TEST_ARGS="$(MOLECULE_TEST_ARGS)" MOLECULE_EXCEPT="$(MOLECULE_EXCEPT)" scripts/molecule.sh $(SCENARIOS)
 
 molecule-destroy: setup  ## molecule destroy of SCENARIOS, or of all (after `make molecule MOLECULE_TEST_ARGS=--destroy=never`)
 	$(if $(SCENARIOS),for s in $(SCENARIOS); do $(BIN)/molecule destroy -s $$s || exit 1; done,$(BIN)/molecule destroy --all)
