@@ -376,4 +376,3 @@ def test_probe_without_a_listed_model():
     engine = ListsNoModel()
     with pytest.raises(pc.PrefixCacheError, match=r"^The server lists no model at /v1/models; set the model option\.$"):
         pc.PrefixCacheProbe(engine, "http://engine/metrics").run()
-
