@@ -4,7 +4,8 @@
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 VENV=$ROOT/.venv
-STAGE=$ROOT/.cache/stage/ansible_collections/inference_cache/substrate
+# ANSIBLE_TEST_STAGE: another folder for the staged copy, so that two runs at once do not share one.
+STAGE=${ANSIBLE_TEST_STAGE:-$ROOT/.cache/stage}/ansible_collections/inference_cache/substrate
 
 # ansible-test downloads a get-pip script; give it the offline stand-in for the pip version it pins.
 pip_version=$("$VENV/bin/python" - <<'PY'
