@@ -31,9 +31,12 @@ author:
 extends_documentation_fragment:
   - inference_cache.substrate._attributes
   - inference_cache.substrate._attributes.CHECK
+  - inference_cache.substrate._http
 options:
   url:
-    description: Base URL of the OpenAI-compatible server, without C(/v1).
+    description:
+      - Base URL of the OpenAI-compatible server, without C(/v1); C(http://) or C(https://).
+      - For C(https://) see O(validate_certs), O(ca_path), O(client_cert) and O(client_key).
     type: str
     default: http://127.0.0.1:8000
   metrics_url:
@@ -41,9 +44,6 @@ options:
     type: str
   model:
     description: Model name to send. Defaults to the first model the server lists at C(/v1/models).
-    type: str
-  api_key:
-    description: Bearer token for the server.
     type: str
   prefix:
     description:
@@ -53,13 +53,14 @@ options:
   prefix_tokens:
     description:
       - Length in tokens of the generated shared prefix (nonce included), measured with the server's tokenizer.
-      - Must be at least one block; several blocks give a clearer signal.
+      - Must be at least one block; several blocks give a clearer signal. At most 131072.
     type: int
     default: 256
   block_size:
     description:
       - KV-cache block size of the engine in tokens.
       - Defaults to the C(block_size) label of C(vllm:cache_config_info), else 16 with a warning.
+      - Between 1 and 4096.
     type: int
   engine:
     description: Which engine's counters to read; V(auto) picks by what the metrics page exposes.
@@ -67,17 +68,17 @@ options:
     choices: [auto, vllm, sglang]
     default: auto
   max_tokens:
-    description: Tokens to generate per request.
+    description: Tokens to generate per request, between 1 and 4096.
     type: int
     default: 8
   timeout:
-    description: Timeout in seconds of each HTTP request.
+    description: Timeout in seconds of each HTTP request; above 0 and at most 3600.
     type: float
     default: 60
   min_hit_tokens:
     description:
       - Least number of prefix-cache hit tokens the warm request must show. Defaults to one block.
-      - V(0) disables the expectation.
+      - V(0) disables the expectation. Negative values are refused.
     type: int
   expect_warm_faster:
     description: Fail unless the warm request's time to first token is lower than the cold one's.
@@ -87,7 +88,10 @@ requirements:
   - prometheus_client
 notes:
   - Use a prefix of several blocks; only full blocks are cached, so the expected hit is the prefix length rounded
-    down to a block (RV(expected_hit_tokens)).
+    down to a block (RV(expected_hit_tokens)). When every full block of a prompt is cached, vLLM still computes the
+    prompt's last token, so the hit is at most the prompt length minus one, rounded down to a block.
+  - Requests go through C(ansible.module_utils.urls), so proxies, CA bundles and client certificates work as in
+    M(ansible.builtin.uri).
 seealso:
   - module: inference_cache.substrate.kv_events_check
 """
@@ -161,7 +165,10 @@ prefix_tokens_estimated:
   type: bool
   sample: false
 expected_hit_tokens:
-  description: RV(prefix_tokens) rounded down to a full block, the hit a working cache should show.
+  description:
+    - The hit a working cache should show for the warm request, in tokens.
+    - RV(prefix_tokens) rounded down to a full block, and at most the warm prompt's length minus one rounded down to
+      a full block (vLLM computes the last prompt token even when every block is cached).
   returned: success
   type: int
   sample: 256
@@ -239,6 +246,12 @@ failures:
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 
+from ansible_collections.inference_cache.substrate.plugins.module_utils._http_args import (
+    HTTP_ARG_SPEC,
+    HTTP_RANGES,
+    HTTP_REQUIRED_BY,
+    client_options,
+)
 from ansible_collections.inference_cache.substrate.plugins.module_utils._openai_http import OpenAIClient
 from ansible_collections.inference_cache.substrate.plugins.module_utils._prefix_cache import (
     HAS_PROMETHEUS_CLIENT,
@@ -247,12 +260,13 @@ from ansible_collections.inference_cache.substrate.plugins.module_utils._prefix_
     PrefixCacheProbe,
     evaluate,
 )
+from ansible_collections.inference_cache.substrate.plugins.module_utils._ranges import range_problems
 
 ARGUMENT_SPEC = dict(
+    HTTP_ARG_SPEC,
     url=dict(type="str", default="http://127.0.0.1:8000"),
     metrics_url=dict(type="str"),
     model=dict(type="str"),
-    api_key=dict(type="str", no_log=True),
     prefix=dict(type="str"),
     prefix_tokens=dict(type="int", default=256, no_log=False),
     block_size=dict(type="int"),
@@ -262,19 +276,29 @@ ARGUMENT_SPEC = dict(
     min_hit_tokens=dict(type="int", no_log=False),
     expect_warm_faster=dict(type="bool", default=False),
 )
+RANGES = dict(
+    HTTP_RANGES,
+    prefix_tokens=(1, 131072),
+    block_size=(1, 4096),
+    max_tokens=(1, 4096),
+    timeout=(0, 3600, "open-low"),
+    min_hit_tokens=(0, None),
+)
 
 
 def main():
-    module = AnsibleModule(argument_spec=ARGUMENT_SPEC, mutually_exclusive=[("prefix", "prefix_tokens")], supports_check_mode=True)
+    module = AnsibleModule(argument_spec=ARGUMENT_SPEC, mutually_exclusive=[("prefix", "prefix_tokens")], required_by=HTTP_REQUIRED_BY,
+                           supports_check_mode=True)
     if not HAS_PROMETHEUS_CLIENT:
         module.fail_json(msg=missing_required_lib("prometheus_client"), exception=PROMETHEUS_CLIENT_IMPORT_ERROR)
     params = module.params
     url = params["url"].rstrip("/")
     metrics_url = params["metrics_url"] or url + "/metrics"
     base = dict(changed=False, url=url, metrics_url=metrics_url, model=params["model"], engine=params["engine"])
-    if params["block_size"] is not None and params["block_size"] < 1:
-        module.fail_json(msg="block_size must be a positive number of tokens.", **base)
-    client = OpenAIClient(url, api_key=params["api_key"], timeout=params["timeout"])
+    problems = range_problems(params, RANGES)
+    if problems:
+        module.fail_json(msg=" ".join(problems), **base)
+    client = OpenAIClient(url, timeout=params["timeout"], **client_options(params))
     probe = PrefixCacheProbe(
         client, metrics_url, model=params["model"], prefix=params["prefix"], prefix_tokens=params["prefix_tokens"],
         block_size=params["block_size"], max_tokens=params["max_tokens"], engine=params["engine"],

@@ -9,14 +9,12 @@ from __future__ import absolute_import, division, print_function
 
 __metaclass__ = type  # pylint: disable=invalid-name
 
-import io
 import json
 
 import pytest
 
 from ansible_collections.inference_cache.substrate.plugins.module_utils import _openai_http as http
 from ansible_collections.inference_cache.substrate.plugins.module_utils import _prefix_cache as pc
-from ansible_collections.inference_cache.substrate.tests.unit.plugins.net_utils import free_port
 
 VLLM_PAGE = """\
 # HELP vllm:prefix_cache_queries Prefix cache queries, in terms of number of queried tokens.
@@ -94,6 +92,29 @@ def test_blocks_floor(tokens, block, expected):
     assert pc.blocks_floor(tokens, block) == expected
 
 
+@pytest.mark.parametrize("prompt_tokens, cached_blocks, block, expected", [
+    (64, 2, 32, 32),       # every full block cached: vLLM still computes the last token, so one block less
+    (65, 2, 32, 64),       # one token past the blocks: both count
+    (96, 3, 32, 64),
+    (97, 3, 32, 96),
+    (100, 1, 32, 32),      # fewer blocks cached than the prompt has
+    (1300, 40, 32, 1280),  # REFERENCE part L: a 1299-token shared prefix, 40 blocks x 32 hit
+    (1449, 45, 32, 1440),
+    (0, 3, 32, 0),
+    (10, 0, 32, 0),
+    (10, 1, 0, 0),
+])
+def test_expected_cached_tokens(prompt_tokens, cached_blocks, block, expected):
+    assert pc.expected_cached_tokens(prompt_tokens, cached_blocks, block) == expected
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf")])
+def test_a_counter_that_is_not_finite_is_a_sentence(value):
+    before = {"samples": {"c": 1.0}}
+    with pytest.raises(pc.PrefixCacheError, match=r"^The counter c is not a finite number on the metrics page\.$"):
+        pc.delta(before, {"samples": {"c": value}}, "c")
+
+
 # -- expectations ----------------------------------------------------------------------------------------------
 def _result(hits=256, cached=256, cold_ttft=0.09, warm_ttft=0.03):
     return {"block_size": 32, "hit_tokens": hits, "prefix_tokens": 260,
@@ -109,7 +130,6 @@ def _result(hits=256, cached=256, cold_ttft=0.09, warm_ttft=0.03):
     (_result(hits=0), {"min_hit_tokens": 0}, None),
     (_result(warm_ttft=0.2), {"expect_warm_faster": True}, "was not faster"),
     (_result(warm_ttft=0.2), {}, None),
-    (_result(hits=None, cached=0), {}, "reported 0 cached tokens"),
 ])
 def test_evaluate(result, kwargs, message):
     failures = pc.evaluate(result, **kwargs)
@@ -184,7 +204,8 @@ class FakeEngine:
         full = len(toks) // self.block_size
         for i in range(full):
             chain.append(tuple(toks[:(i + 1) * self.block_size]))
-        for key in chain:
+        # like vLLM, the last prompt token is always computed: only blocks before it can hit
+        for key in chain[:(len(toks) - 1) // self.block_size]:
             if self.hit and key in self.blocks:
                 cached += self.block_size
             else:
@@ -210,11 +231,12 @@ def test_probe_measures_a_hit():
     result = _probe(engine, prefix_tokens=100).run()
     assert result["engine"] == "vllm" and result["model"] == "tiny"
     assert result["block_size"] == 32 and result["block_size_source"] == "metrics"
-    assert result["prefix_tokens"] >= 100 and not result["prefix_tokens_estimated"]
+    # 100 filler words, the BOS token and the nonce; each prompt adds six words after the shared part
+    assert result["prefix_tokens"] == 102 and not result["prefix_tokens_estimated"]
     assert result["cold"]["hit_tokens"] == 0 and result["cold"]["cached_tokens"] == 0
-    assert result["hit_tokens"] == result["expected_hit_tokens"] == pc.blocks_floor(result["prefix_tokens"], 32)
-    assert result["cached_tokens"] == result["hit_tokens"]
-    assert result["query_tokens"] == engine.queries
+    assert result["cold"]["prompt_tokens"] == result["warm"]["prompt_tokens"] == 108
+    assert result["expected_hit_tokens"] == 96 and result["hit_tokens"] == 96 and result["cached_tokens"] == 96
+    assert result["query_tokens"] == 216
     assert result["ttft_ratio"] == 4.0
     assert pc.evaluate(result, expect_warm_faster=True) == []
     # the nonce opens both prompts, and the prompts differ after the shared part
@@ -276,96 +298,6 @@ def test_make_nonce_is_unique_and_seedable():
     import random
     assert pc.make_nonce() != pc.make_nonce()
     assert pc.make_nonce(random.Random(1)) == pc.make_nonce(random.Random(1))
-
-
-# -- the HTTP client ---------------------------------------------------------------------------------------------
-class FakeResponse(io.BytesIO):
-    def __init__(self, data, status=200):
-        super(FakeResponse, self).__init__(data)
-        self.status = status
-
-
-class FakeConnection:
-    def __init__(self, seen, response=None, error=None):
-        self.seen = seen
-        self.response = response
-        self.error = error
-
-    def request(self, method, target, body=None, headers=None):
-        self.seen.update(method=method, target=target, body=json.loads(body) if body else None, headers=headers)
-        if self.error:
-            raise self.error
-
-    def getresponse(self):
-        return self.response
-
-
-def test_stream_completion_times_first_token_and_reads_usage():
-    ticks = iter([0.0, 0.05, 0.2])
-    lines = [
-        b'data: {"choices":[{"text":""}]}\n', b"\n",
-        b'data: {"choices":[{"text":"he"}]}\n', b"\n",
-        b'data: {"choices":[],"usage":{"prompt_tokens":40,"prompt_tokens_details":{"cached_tokens":32}}}\n',
-        b"data: [DONE]\n",
-    ]
-    seen = {}
-
-    def connect(scheme, host, port, timeout):
-        seen.update(scheme=scheme, host=host, port=port)
-        return FakeConnection(seen, FakeResponse(b"".join(lines)))
-
-    client = http.OpenAIClient("http://x:8000/", api_key="k", clock=lambda: next(ticks), connect=connect)
-    answer = client.stream_completion({"model": "m", "prompt": "p"})
-    assert (seen["scheme"], seen["host"], seen["port"], seen["method"], seen["target"]) == ("http", "x", 8000, "POST", "/v1/completions")
-    assert seen["body"]["stream"] is True and seen["body"]["stream_options"] == {"include_usage": True}
-    assert seen["headers"]["Authorization"] == "Bearer k"
-    assert answer["ttft"] == 0.05 and answer["latency"] == 0.2
-    assert answer["text"] == "he"
-    assert http.cached_tokens(answer["usage"]) == 32
-
-
-def test_stream_without_chunks_fails():
-    client = http.OpenAIClient("http://x", connect=lambda *a: FakeConnection({}, FakeResponse(b"data: [DONE]\n")))
-    with pytest.raises(http.OpenAIHTTPError, match="streamed no completion chunk"):
-        client.stream_completion({"model": "m", "prompt": "p"})
-
-
-def test_client_errors_are_sentences():
-    refused = ConnectionRefusedError(111, "Connection refused")
-    client = http.OpenAIClient("http://127.0.0.1:1", connect=lambda *a: FakeConnection({}, error=refused))
-    with pytest.raises(http.OpenAIHTTPError, match=r"Cannot reach http://127.0.0.1:1/metrics: .*Connection refused"):
-        client.get_text("/metrics")
-
-    client = http.OpenAIClient("http://h", connect=lambda *a: FakeConnection({}, FakeResponse(b"nope", status=404)))
-    with pytest.raises(http.OpenAIHTTPError) as info:
-        client.post_json("/tokenize", {})
-    assert info.value.status == 404 and "answered HTTP 404: nope" in str(info.value)
-
-    with pytest.raises(http.OpenAIHTTPError, match="not an http"):
-        http.OpenAIClient("ftp://h").get_text("/x")
-
-
-def test_client_against_a_real_closed_port():
-    port = free_port()
-    with pytest.raises(http.OpenAIHTTPError, match="Cannot reach"):
-        http.OpenAIClient("http://127.0.0.1:%d" % port, timeout=2).get_text("/metrics")
-
-
-def test_cached_tokens_absent():
-    assert http.cached_tokens(None) is None
-    assert http.cached_tokens({"prompt_tokens": 3}) is None
-
-
-@pytest.mark.parametrize("listing, ids", [
-    ({"object": "list", "data": [{"id": "tiny"}, {"id": "other"}]}, ["tiny", "other"]),
-    ({"data": []}, []),
-    ({"data": [{"object": "model"}, "tiny", {"id": "b"}]}, ["b"]),  # entries without an id are skipped
-    ({"detail": "Not Found"}, []),
-    ([{"id": "tiny"}], []),
-    (None, []),
-])
-def test_model_ids(listing, ids):
-    assert http.model_ids(listing) == ids
 
 
 def test_probe_without_a_listed_model():

@@ -54,14 +54,27 @@ def probe(monkeypatch):
     return seen
 
 
-def test_defaults_and_success(probe):
+def test_defaults_and_success(probe, monkeypatch):
+    warned = []
+    monkeypatch.setattr(module.AnsibleModule, "warn", lambda self, text: warned.append(text))
     failed, result = run({"model": "tiny", "api_key": "secret"})
-    assert not failed and result["changed"] is False
-    assert result["hit_tokens"] == 256 and result["url"] == "http://127.0.0.1:8000"
-    assert "warnings" not in result
+    # what the module adds to the probe's answer: changed, the normalised url, the warnings moved out, no failures
+    assert not failed and result["changed"] is False and "failures" not in result
+    assert result["url"] == "http://127.0.0.1:8000"
+    assert "warnings" not in result and warned == ["an estimate"]
     assert probe["metrics_url"] == "http://127.0.0.1:8000/metrics"
-    assert probe["client"].api_key == "secret"
     assert probe["prefix_tokens"] == 256 and probe["block_size"] is None and probe["engine"] == "auto"
+    client = probe["client"]
+    assert (client.api_key, client.timeout, client.validate_certs, client.use_proxy, client.max_body_bytes) == ("secret", 60, True, True, 16777216)
+
+
+def test_tls_and_proxy_options_reach_the_client(probe):
+    run({"url": "https://h", "validate_certs": False, "ca_path": "/ca.pem", "client_cert": "/c.pem", "client_key": "/k.pem",
+         "use_proxy": False, "max_body_bytes": 4096, "timeout": 2.5})
+    client = probe["client"]
+    assert (client.base_url, client.validate_certs, client.ca_path, client.client_cert, client.client_key) == (
+        "https://h", False, "/ca.pem", "/c.pem", "/k.pem")
+    assert (client.use_proxy, client.max_body_bytes, client.timeout) == (False, 4096, 2.5)
 
 
 def test_metrics_url_override_and_trailing_slash(probe):
@@ -91,12 +104,20 @@ def test_warm_faster_expectation(probe):
 
 @pytest.mark.parametrize("args, message", [
     ({"prefix": "x", "prefix_tokens": 64}, "mutually exclusive"),
-    ({"block_size": 0}, "block_size must be a positive number"),
+    ({"block_size": 0}, "block_size must be between 1 and 4096, got 0."),
     ({"engine": "tgi"}, "value of engine must be one of"),
+    ({"timeout": 0}, "timeout must be above 0 and at most 3600, got 0."),
+    ({"timeout": -3}, "timeout must be above 0 and at most 3600, got -3."),
+    ({"prefix_tokens": -5}, "prefix_tokens must be between 1 and 131072, got -5."),
+    ({"max_tokens": 0}, "max_tokens must be between 1 and 4096, got 0."),
+    ({"min_hit_tokens": -1}, "min_hit_tokens must be at least 0, got -1."),
+    ({"max_body_bytes": 10}, "max_body_bytes must be between 1024 and 1073741824, got 10."),
+    ({"client_key": "/k.pem"}, "missing parameter(s) required by 'client_key': client_cert"),
 ])
 def test_bad_arguments(probe, args, message):
     failed, result = run(args)
     assert failed and message in result["msg"]
+    assert "client" not in probe, "the probe must not start with a bad option"
 
 
 def test_real_probe_against_a_closed_port():
@@ -109,5 +130,7 @@ def test_real_probe_against_a_closed_port():
 
 
 def test_check_mode_runs_the_same(probe):
-    failed, result = run({"_ansible_check_mode": True})
-    assert not failed and result["hit_tokens"] == 256
+    """Check mode is not skipped: the probe runs and its failures are judged the same way."""
+    failed, result = run({"_ansible_check_mode": True, "min_hit_tokens": 512})
+    assert "client" in probe
+    assert failed and result["failures"] == ["The warm request hit 256 cached tokens, fewer than min_hit_tokens=512."]
