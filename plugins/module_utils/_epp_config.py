@@ -5,64 +5,72 @@
 
 # PRIVATE to the inference_cache.substrate collection: the names here may change without notice.
 
-"""Static checks of an llm-d router EndpointPickerConfig against what the engines run.
+"""Static checks of an llm-d router EndpointPickerConfig, exact to one router version, against what the engines run.
 
-Plain Python without any Ansible import: the ``epp_config_check`` module, the router role
-(through that module) and the unit tests all use :func:`check_epp_config`.
+Plain Python without any Ansible import: the ``epp_config_check`` module, the router role (through that module)
+and the tests all use :func:`check_epp_config`.
 
-Plugin names follow ``llm-d/llm-d-router`` at the v0.9 line (``pkg/epp/framework/plugins``).
-Every problem is one sentence that names the plugin or field at fault.
+The shapes (plugin types, each type's parameter fields, their JSON types) come from the per-version table in
+:mod:`._epp_plugins` and are checked declaratively by :mod:`._epp_schema`; this file holds only what relates one
+part of the config to another (plugin references, the precise producer and its token producer, data-layer
+wiring) and to the engines. Every finding is one sentence that names the plugin or field path at fault; no input,
+however malformed, raises.
 """
 
 from __future__ import absolute_import, division, print_function
 
 __metaclass__ = type  # pylint: disable=invalid-name
 
+try:
+    from ._epp_plugins import CONFIG_SCHEMA, DEFAULT_ROUTER_VERSION, FEATURE_GATES, PLUGINS, REMOVED_OR_LATER, ROUTER_VERSIONS, SEMANTICS
+    from ._epp_schema import show, type_name, validate
+except ImportError:  # loaded as a top-level module (tests that put module_utils on sys.path)
+    from _epp_plugins import CONFIG_SCHEMA, DEFAULT_ROUTER_VERSION, FEATURE_GATES, PLUGINS, REMOVED_OR_LATER, ROUTER_VERSIONS, SEMANTICS  # pylint: disable=import-error
+    from _epp_schema import show, type_name, validate  # pylint: disable=import-error
+
 API_VERSION = "llm-d.ai/v1alpha1"
 DEPRECATED_API_VERSIONS = ("inference.networking.x-k8s.io/v1alpha1",)
 KIND = "EndpointPickerConfig"
 
 PRECISE_PRODUCER = "precise-prefix-cache-producer"
+PRECISE_LEGACY_SCORER = "precise-prefix-cache-scorer"
 TOKEN_PRODUCER = "token-producer"
 PREFIX_SCORER = "prefix-cache-scorer"
 NOTIFICATION_SOURCE = "endpoint-notification-source"
-PREFIX_PRODUCERS = (PRECISE_PRODUCER, "approx-prefix-cache-producer", "burst-prefix-cache-producer")
 
-# Deprecated plugin types and what replaces them.
-DEPRECATED_TYPES = {
-    "precise-prefix-cache-scorer": "precise-prefix-cache-producer plus prefix-cache-scorer with prefixMatchInfoProducerName",
-    "tokenizer": "token-producer",
-}
-
-KNOWN_TYPES = frozenset([
-    PRECISE_PRODUCER, "approx-prefix-cache-producer", "burst-prefix-cache-producer", TOKEN_PRODUCER,
-    PREFIX_SCORER, "kv-cache-utilization-scorer", "queue-scorer", "load-aware-scorer", "active-request-scorer",
-    "no-hit-lru-scorer", "lora-affinity-scorer", "session-affinity-scorer", "running-requests-size-scorer",
-    "token-load-scorer", "context-length-aware", "latency-scorer", "endpoint-attribute-scorer",
-    "max-score-picker", "random-picker", "weighted-random-picker",
-    "decode-filter", "prefill-filter", "encode-filter", "by-label", "label-selector-filter",
-    "prefix-cache-affinity-filter",
-    "single-profile-handler", "pd-profile-handler", "disagg-profile-handler", "data-parallel-profile-handler",
-    NOTIFICATION_SOURCE, "metrics-data-source", "core-metrics-extractor",
-]) | frozenset(DEPRECATED_TYPES)
-
-PICKERS = frozenset(["max-score-picker", "random-picker", "weighted-random-picker"])
-PROFILE_HANDLERS = frozenset(["single-profile-handler", "pd-profile-handler", "disagg-profile-handler",
-                              "data-parallel-profile-handler"])
-
-# Defaults of the precise producer when a field is absent (llm-d-router pkg/kvevents/pool.go, kvblock).
+# Defaults of the precise producer when a field is absent (kvevents.DefaultConfig, kvblock.DefaultTokenProcessorConfig).
 DEFAULT_BLOCK_SIZE = 16
 DEFAULT_TOPIC_FILTER = "kv@"
 DEFAULT_SOCKET_PORT = 5557
 DEFAULT_ENGINE_TYPE = "vllm"
+DEFAULT_RENDER_URL = "http://localhost:8000"
+
+# Parameter fields that name another plugin, the role that plugin must have, and how a sentence names that role.
+PRODUCER_REFERENCES = (
+    ("prefixMatchInfoProducerName", "prefix-producer", "a prefix-cache producer"),
+    ("inFlightLoadProducerName", "inflight-load-producer", "an inflight-load-producer"),
+    ("latencyPredictionInfoProducerName", "latency-producer", "a predicted-latency-producer"),
+)
+MM_PRODUCER_REFERENCE = ("producerName", "mm-producer", "an mm-embeddings-cache-producer")
+# Names the EPP instantiates by itself when a reference names them without a declared plugin (loader/defaults.go).
+AUTO_SATURATION_DETECTOR = "utilization-detector"
+AUTO_FLOW_CONTROL = ("fcfs-ordering-policy", "global-strict-fairness-policy", "static-usage-limit-policy")
+LOCAL_HOSTS = ("localhost", "127.0.0.1", "[::1]", "::1")
+
+ENGINE_KEYS = {
+    "block_size": "int", "hash_seed": "str", "topic": "str", "kv_events_port": "int", "engine_type": "str",
+    "kv_events_enabled": "bool", "enable_scale_out": "bool",
+}
 
 
 class EppConfigResult(object):
-    """Outcome of a check: ``problems`` make it fail, ``deprecations`` are warnings."""
+    """Outcome of a check: ``problems`` make it fail; ``deprecations`` and ``warnings`` do not."""
 
-    def __init__(self):
+    def __init__(self, router_version=DEFAULT_ROUTER_VERSION):
+        self.router_version = router_version
         self.problems = []
         self.deprecations = []
+        self.warnings = []
         self.summary = {}
 
     @property
@@ -71,15 +79,40 @@ class EppConfigResult(object):
 
     def as_dict(self):
         return {"ok": self.ok, "problems": list(self.problems), "deprecations": list(self.deprecations),
-                "summary": dict(self.summary)}
+                "warnings": list(self.warnings), "summary": dict(self.summary), "router_version": self.router_version}
 
 
 def _is_mapping(value):
     return isinstance(value, dict)
 
 
-def _plugin_name(plugin):
-    return plugin.get("name") or plugin.get("type")
+def _text(value):
+    """A config value used as a name in a sentence: strings as they are, anything else shortened."""
+    return value if isinstance(value, str) else show(value)
+
+
+def _param(params, name):
+    """A parameter as the EPP reads it: Go's encoding/json matches keys case-insensitively."""
+    if not _is_mapping(params):
+        return None
+    if name in params:
+        return params[name]
+    for key, value in params.items():
+        if isinstance(key, str) and key.lower() == name.lower():
+            return value
+    return None
+
+
+def _mapping(value):
+    return value if _is_mapping(value) else {}
+
+
+def _list(value):
+    return value if isinstance(value, list) else []
+
+
+def _is_int(value):
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _topic_matches(topic_filter, topic):
@@ -89,173 +122,487 @@ def _topic_matches(topic_filter, topic):
     return str(topic).startswith(str(topic_filter))
 
 
-def check_epp_config(config, engine=None, mode=None):
-    """Check an EndpointPickerConfig (a dict) against the engine contract.
+class _Checker(object):
+    """One run of the checks over one config; the methods add sentences to ``self.res``."""
 
-    ``engine`` keys (all optional): ``block_size`` (int), ``hash_seed`` (str), ``topic`` (the engines'
-    topic, placeholders allowed), ``kv_events_port`` (int), ``engine_type`` (``vllm``|``sglang``),
-    ``kv_events_enabled`` (bool). ``mode`` (optional): ``precise`` or ``approximate`` to also check
-    that the config implements that mode.
-    """
-    engine = engine or {}
-    res = EppConfigResult()
-    if not _is_mapping(config):
-        res.problems.append("The EndpointPickerConfig is not a mapping (got %s)." % type(config).__name__)
-        return res
+    def __init__(self, config, engine, mode, version):
+        self.config, self.engine, self.mode, self.version = config, engine, mode, version
+        self.res = EppConfigResult(version)
+        self.table = PLUGINS[version]
+        self.by_name = {}      # name -> (type, parameters mapping, index)
+        self.order = []        # names in declaration order
 
-    api_version = config.get("apiVersion")
-    if api_version in DEPRECATED_API_VERSIONS:
-        res.deprecations.append("apiVersion %s is deprecated; use %s." % (api_version, API_VERSION))
-    elif api_version != API_VERSION:
-        res.problems.append("apiVersion is %r but the router accepts %s." % (api_version, API_VERSION))
-    if config.get("kind") != KIND:
-        res.problems.append("kind is %r but must be %s." % (config.get("kind"), KIND))
-    for old in ("saturationDetector", "parser"):
-        if old in config:
-            res.deprecations.append("Top-level %s is deprecated in the EndpointPickerConfig." % old)
+    # -- sentences -------------------------------------------------------------------------------------------
+    def label(self, name):
+        ptype = self.by_name[name][0] if name in self.by_name else None
+        return "Plugin %s" % name if ptype in (None, name) else "Plugin %s (%s)" % (name, ptype)
 
-    plugins = config.get("plugins")
-    if not isinstance(plugins, list) or not plugins:
-        res.problems.append("plugins must be a non-empty list.")
-        plugins = []
+    def top_finding(self, finding):
+        where = "EndpointPickerConfig field %s" % finding.path if finding.path else "The EndpointPickerConfig"
+        if finding.kind == "unknown":
+            self.res.problems.append("%s is not a field of llm-d-router %s's EndpointPickerConfig; the EPP decodes the "
+                                     "config strictly and does not start." % (where, self.version))
+        elif finding.kind == "deprecated":
+            self.res.deprecations.append("%s %s." % (where, finding.message))
+        else:
+            self.res.problems.append("%s %s." % (where, finding.message))
 
-    by_name = {}
-    for index, plugin in enumerate(plugins):
-        if not _is_mapping(plugin) or not plugin.get("type"):
-            res.problems.append("plugins[%d] has no type." % index)
-            continue
-        name = _plugin_name(plugin)
-        ptype = plugin["type"]
-        if name in by_name:
-            res.problems.append("Plugin name %s is declared twice; give one of them another name." % name)
-        by_name[name] = plugin
-        if ptype in DEPRECATED_TYPES:
-            res.deprecations.append("Plugin type %s is deprecated; use %s." % (ptype, DEPRECATED_TYPES[ptype]))
-        elif ptype not in KNOWN_TYPES:
-            res.deprecations.append("Plugin type %s is not a plugin this collection knows; check its spelling." % ptype)
-        params = plugin.get("parameters") or {}
-        if params and not _is_mapping(params):
-            res.problems.append("Plugin %s has parameters that are not a mapping." % name)
+    def param_finding(self, name, finding):
+        ptype = self.by_name[name][0]
+        where = "%s parameter %s" % (self.label(name), finding.path)
+        if finding.kind == "unknown":
+            self.res.problems.append("%s is not a field of %s in llm-d-router %s; the EPP decodes parameters strictly "
+                                     "(DisallowUnknownFields), so the plugin fails and the EPP does not start."
+                                     % (where, ptype, self.version))
+        elif finding.kind == "deprecated":
+            self.res.deprecations.append("%s %s." % (where, finding.message))
+        elif finding.kind == "case":
+            self.res.warnings.append("%s %s; write it that way." % (where, finding.message))
+        else:
+            self.res.problems.append("%s %s." % (where, finding.message))
 
-    def ref_exists(ref, where):
-        if ref not in by_name:
-            res.problems.append("%s references plugin %s, which is not declared in plugins." % (where, ref))
+    # -- the passes ------------------------------------------------------------------------------------------
+    def run(self):
+        config = self.config
+        for finding in validate(config, CONFIG_SCHEMA[self.version]):
+            self.top_finding(finding)
+        self.check_header()
+        self.collect_plugins()
+        self.check_profiles()
+        self.check_data_layer()
+        self.check_request_handling()
+        self.check_references()
+        self.check_disaggregation()
+        for name in self.order:
+            if self.by_name[name][0] in (PRECISE_PRODUCER, PRECISE_LEGACY_SCORER):
+                self.check_precise(name)
+        self.check_token_producers()
+        self.check_mode()
+        self.res.summary["plugins"] = sorted(self.by_name)
+        return self.res
+
+    def check_header(self):
+        config = self.config
+        api_version = config.get("apiVersion")
+        if api_version in DEPRECATED_API_VERSIONS:
+            self.res.deprecations.append("apiVersion %s is deprecated; use %s." % (api_version, API_VERSION))
+        elif api_version != API_VERSION:
+            self.res.problems.append("apiVersion is %s but the router accepts %s." % (show(api_version), API_VERSION))
+        if config.get("kind") != KIND:
+            self.res.problems.append("kind is %s but must be %s." % (show(config.get("kind")), KIND))
+        for gate in _list(config.get("featureGates")):
+            if isinstance(gate, str) and gate not in FEATURE_GATES[self.version]:
+                self.res.problems.append("Feature gate %s is not registered in llm-d-router %s (known: %s); the EPP does not start."
+                                         % (gate, self.version, ", ".join(sorted(FEATURE_GATES[self.version]))))
+
+    def collect_plugins(self):
+        plugins = self.config.get("plugins")
+        if not isinstance(plugins, list) or not plugins:
+            self.res.problems.append("plugins must be a non-empty list.")
+            return
+        for index, plugin in enumerate(plugins):
+            if not _is_mapping(plugin) or not plugin.get("type") or not isinstance(plugin.get("type"), str):
+                self.res.problems.append("plugins[%d] has no type." % index)
+                continue
+            ptype = plugin["type"]
+            name = plugin.get("name") if isinstance(plugin.get("name"), str) and plugin.get("name") else ptype
+            if name in self.by_name:
+                self.res.problems.append("Plugin name %s is declared twice; give one of them another name." % name)
+                continue
+            params = plugin.get("parameters")
+            self.by_name[name] = (ptype, params if _is_mapping(params) else {}, index)
+            self.order.append(name)
+            self.check_plugin(name, ptype, params)
+
+    def check_plugin(self, name, ptype, params):
+        spec = self.table.get(ptype)
+        if spec is None:
+            why = REMOVED_OR_LATER.get(self.version, {}).get(ptype)
+            self.res.problems.append("Plugin type %s is not registered in llm-d-router %s%s, so the EPP does not start%s."
+                                     % (ptype, self.version, " (%s)" % why if why else "",
+                                        "" if why else "; check its spelling"))
+            return
+        if spec["deprecated"]:
+            self.res.deprecations.append("Plugin type %s is deprecated; use %s." % (ptype, spec["deprecated"]))
+        if spec["params"] is None:
+            if params not in (None, {}, []):
+                self.res.warnings.append("%s takes no parameters in llm-d-router %s; the EPP ignores the ones given."
+                                         % (self.label(name), self.version))
+            return
+        if params is None:
+            if spec["requires_params"]:
+                self.res.problems.append("%s needs parameters; its factory fails without them." % self.label(name))
+            return
+        if not _is_mapping(params):
+            self.res.problems.append("%s has parameters that are %s, not a mapping; the EPP cannot decode them."
+                                     % (self.label(name), type_name(params)))
+            return
+        findings = validate(params, spec["params"], case_insensitive=True)
+        if spec["legacy_params"] is not None and any(f.kind not in ("deprecated", "case") for f in findings):
+            legacy = validate(params, spec["legacy_params"], case_insensitive=True)
+            if not any(f.kind not in ("deprecated", "case") for f in legacy):
+                self.res.deprecations.append("%s uses the deprecated flat parameters; use profiles and deciders." % self.label(name))
+                findings = legacy
+        for finding in findings:
+            self.param_finding(name, finding)
+
+    def ref_exists(self, ref, where):
+        if ref not in self.by_name:
+            self.res.problems.append("%s references plugin %s, which is not declared in plugins." % (where, _text(ref)))
             return False
         return True
 
-    profiles = config.get("schedulingProfiles")
-    if not isinstance(profiles, list) or not profiles:
-        res.problems.append("schedulingProfiles must be a non-empty list.")
-        profiles = []
-    for profile in profiles:
-        if not _is_mapping(profile):
-            res.problems.append("A scheduling profile is not a mapping.")
-            continue
-        pname = profile.get("name") or "<unnamed>"
-        refs = profile.get("plugins") or []
-        has_picker = False
-        for entry in refs:
-            ref = entry.get("pluginRef") if _is_mapping(entry) else None
-            if not ref:
-                res.problems.append("Scheduling profile %s has an entry without pluginRef." % pname)
+    def roles(self, name):
+        spec = self.table.get(self.by_name[name][0]) if name in self.by_name else None
+        return spec["roles"] if spec else frozenset()
+
+    def check_profiles(self):
+        profiles = self.config.get("schedulingProfiles")
+        if not isinstance(profiles, list) or not profiles:
+            self.res.problems.append("schedulingProfiles must be a non-empty list.")
+            profiles = []
+        seen = set()
+        for index, profile in enumerate(profiles):
+            if not _is_mapping(profile):
+                self.res.problems.append("schedulingProfiles[%d] is %s, not a mapping." % (index, type_name(profile)))
                 continue
-            if ref_exists(ref, "Scheduling profile %s" % pname):
-                if by_name[ref]["type"] in PICKERS:
-                    has_picker = True
-            weight = entry.get("weight")
-            if weight is not None and (not isinstance(weight, (int, float)) or isinstance(weight, bool) or weight < 0):
-                res.problems.append("Scheduling profile %s gives %s the weight %r; weights are numbers >= 0." % (pname, ref, weight))
-        if refs and not has_picker:
-            res.deprecations.append("Scheduling profile %s references no picker; the router adds max-score-picker." % pname)
-    if len(profiles) > 1 and not any(p["type"] in PROFILE_HANDLERS for p in by_name.values()):
-        res.problems.append("Several scheduling profiles are declared but no profile handler plugin is.")
+            pname = profile.get("name")
+            if not pname or not isinstance(pname, str):
+                self.res.problems.append("schedulingProfiles[%d] has no name." % index)
+                pname = "schedulingProfiles[%d]" % index
+            elif pname in seen:
+                self.res.problems.append("Scheduling profile %s is declared twice." % pname)
+            seen.add(pname)
+            pickers = []
+            for entry in _list(profile.get("plugins")):
+                ref = entry.get("pluginRef") if _is_mapping(entry) else None
+                if not ref or not isinstance(ref, str):
+                    self.res.problems.append("Scheduling profile %s has an entry without pluginRef." % pname)
+                    continue
+                if self.ref_exists(ref, "Scheduling profile %s" % pname) and "picker" in self.roles(ref):
+                    pickers.append(ref)
+                weight = entry.get("weight")
+                if weight is not None and (not isinstance(weight, (int, float)) or isinstance(weight, bool) or weight < 0):
+                    self.res.problems.append("Scheduling profile %s gives %s the weight %s; weights are numbers >= 0."
+                                             % (pname, ref, show(weight)))
+            if len(pickers) > 1:
+                self.res.problems.append("Scheduling profile %s references %d pickers (%s); the EPP allows one."
+                                         % (pname, len(pickers), ", ".join(pickers)))
+        handlers = [name for name in self.order if "profile-handler" in self.roles(name)]
+        if len(handlers) > 1:
+            self.res.problems.append("Several profile handlers are declared (%s); the EPP allows one." % ", ".join(handlers))
+        if len(seen) > 1:
+            if not handlers:
+                self.res.problems.append("Several scheduling profiles are declared but no profile handler plugin is.")
+            elif any(self.by_name[name][0] == "single-profile-handler" for name in handlers):
+                self.res.problems.append("single-profile-handler cannot serve several scheduling profiles; use disagg-profile-handler.")
 
-    data_layer = config.get("dataLayer") or {}
-    extracting_sources = {}
-    for source in (data_layer.get("sources") or []) if _is_mapping(data_layer) else []:
-        ref = source.get("pluginRef") if _is_mapping(source) else None
-        if not ref:
-            res.problems.append("A dataLayer source has no pluginRef.")
-            continue
-        ref_exists(ref, "dataLayer source")
-        for extractor in source.get("extractors") or []:
-            eref = extractor.get("pluginRef") if _is_mapping(extractor) else None
-            if eref and ref_exists(eref, "dataLayer source %s extractor" % ref):
-                extracting_sources.setdefault(eref, []).append(by_name.get(ref, {}).get("type"))
+    def check_data_layer(self):
+        data_layer = _mapping(self.config.get("dataLayer"))
+        self.extracting = {}
+        for source in _list(data_layer.get("sources")):
+            ref = source.get("pluginRef") if _is_mapping(source) else None
+            if not ref or not isinstance(ref, str):
+                self.res.problems.append("A dataLayer source has no pluginRef.")
+                continue
+            if self.ref_exists(ref, "dataLayer source") and "data-source" not in self.roles(ref):
+                self.res.problems.append("dataLayer source %s is a %s, not a data source." % (ref, self.by_name[ref][0]))
+            for extractor in _list(source.get("extractors")):
+                eref = extractor.get("pluginRef") if _is_mapping(extractor) else None
+                if not eref or not isinstance(eref, str):
+                    self.res.problems.append("dataLayer source %s has an extractor without pluginRef." % ref)
+                    continue
+                if self.ref_exists(eref, "dataLayer source %s extractor" % ref):
+                    self.extracting.setdefault(eref, []).append(self.by_name.get(ref, ("",))[0])
+        discovery = _mapping(data_layer.get("discovery")).get("pluginRef")
+        if isinstance(discovery, str) and discovery and self.ref_exists(discovery, "dataLayer discovery") \
+                and "discovery" not in self.roles(discovery):
+            self.res.problems.append("dataLayer discovery %s is a %s, not a discovery plugin." % (discovery, self.by_name[discovery][0]))
 
-    # Prefix-cache scorers and the producers they read.
-    precise = [p for p in by_name.values() if p["type"] == PRECISE_PRODUCER]
-    for name, plugin in by_name.items():
-        if plugin["type"] != PREFIX_SCORER:
-            continue
-        producer = (plugin.get("parameters") or {}).get("prefixMatchInfoProducerName")
-        if producer is None:
-            continue
-        if producer not in by_name:
-            res.problems.append("Scorer %s reads prefixMatchInfoProducerName %s, which is not declared in plugins." % (name, producer))
-        elif by_name[producer]["type"] not in PREFIX_PRODUCERS:
-            res.problems.append("Scorer %s reads prefixMatchInfoProducerName %s, which is a %s, not a prefix-cache producer."
-                                % (name, producer, by_name[producer]["type"]))
+    def check_request_handling(self):
+        config = self.config
+        parsers = [p.get("pluginRef") for p in _list(_mapping(config.get("requestHandler")).get("parsers")) if _is_mapping(p)]
+        parsers.append(_mapping(config.get("parser")).get("pluginRef"))
+        for ref in parsers:
+            if not isinstance(ref, str) or not ref:
+                continue
+            if ref in self.by_name:
+                if "parser" not in self.roles(ref):
+                    self.res.problems.append("Parser %s is a %s, not a parser plugin." % (ref, self.by_name[ref][0]))
+            elif "parser" not in _mapping(self.table.get(ref)).get("roles", ()):
+                self.res.problems.append("Parser %s is neither a declared plugin nor a parser type the EPP can add by itself." % ref)
+        flow = _mapping(config.get("flowControl"))
+        for holder in (flow, config):
+            ref = _mapping(holder.get("saturationDetector")).get("pluginRef")
+            if not isinstance(ref, str) or not ref or (ref == AUTO_SATURATION_DETECTOR and ref not in self.by_name):
+                continue
+            if self.ref_exists(ref, "saturationDetector") and "saturation-detector" not in self.roles(ref):
+                self.res.problems.append("saturationDetector %s is a %s, not a saturation detector." % (ref, self.by_name[ref][0]))
+        if "flowControl" in _list(config.get("featureGates")):
+            bands = [flow.get("defaultPriorityBand"), flow.get("defaultNegativePriorityBand")] + _list(flow.get("priorityBands"))
+            refs = [("flowControl.usageLimitPolicyPluginRef", flow.get("usageLimitPolicyPluginRef"))]
+            for band in bands:
+                band = _mapping(band)
+                refs += [("A priority band's fairnessPolicyRef", band.get("fairnessPolicyRef")),
+                         ("A priority band's orderingPolicyRef", band.get("orderingPolicyRef"))]
+            for where, ref in refs:
+                if isinstance(ref, str) and ref and ref not in AUTO_FLOW_CONTROL:
+                    self.ref_exists(ref, where)
 
-    token_producers = [p for p in by_name.values() if p["type"] in (TOKEN_PRODUCER, "tokenizer")]
-    kv_enabled = engine.get("kv_events_enabled", True)
-    for plugin in precise:
-        name = _plugin_name(plugin)
-        params = plugin.get("parameters") or {}
+    def check_references(self):
+        """Parameters that name another plugin must name a declared plugin of the right kind."""
+        for name in self.order:
+            ptype, params, _index = self.by_name[name]
+            refs = PRODUCER_REFERENCES + ((MM_PRODUCER_REFERENCE,) if "scorer" in self.roles(name) else ())
+            subject = "Scorer %s" % name if ptype == PREFIX_SCORER else self.label(name)
+            for field, role, what in refs:
+                ref = _param(params, field)
+                if not isinstance(ref, str) or not ref:
+                    continue
+                if ref not in self.by_name:
+                    self.res.problems.append("%s reads %s %s, which is not declared in plugins." % (subject, field, ref))
+                elif role not in self.roles(ref):
+                    self.res.problems.append("%s reads %s %s, which is a %s, not %s." % (
+                        subject, field, ref, self.by_name[ref][0], what))
+
+    def decider(self, handler, field, ref):
+        """A decider named by a profile handler: declared, a decider, and declared before the handler."""
+        if ref not in self.by_name:
+            self.res.problems.append("%s names %s %s, which is not declared in plugins." % (self.label(handler), field, ref))
+        elif "decider" not in self.roles(ref):
+            self.res.problems.append("%s names %s %s, which is a %s, not a decider." % (self.label(handler), field, ref, self.by_name[ref][0]))
+        elif self.by_name[ref][2] > self.by_name[handler][2]:
+            self.res.problems.append("%s names %s %s, which is declared after it; the EPP instantiates plugins in order, "
+                                     "so declare the decider first." % (self.label(handler), field, ref))
+
+    def check_disaggregation(self):
+        for name in self.order:
+            ptype, params, _index = self.by_name[name]
+            if ptype == "pd-profile-handler":
+                ref = _param(params, "deciderPluginName")
+                self.decider(name, "deciderPluginName", ref if isinstance(ref, str) and ref else "prefix-based-pd-decider")
+            elif ptype == "disagg-profile-handler":
+                deciders = _mapping(_param(params, "deciders"))
+                pairs = [("deciders.prefill", _param(deciders, "prefill")), ("deciders.encode", _param(deciders, "encode"))]
+                pairs += [(field, _param(params, field)) for field in
+                          ("prefillDeciderPluginName", "deciderPluginName", "encodeDeciderPluginName")]
+                for field, ref in pairs:
+                    if isinstance(ref, str) and ref:
+                        self.decider(name, field, ref)
+
+    def check_precise(self, name):
+        ptype, params, _index = self.by_name[name]
+        res, engine, semantics = self.res, self.engine, SEMANTICS[self.version]
+        if ptype == PRECISE_LEGACY_SCORER and any(self.by_name[other][0] == PRECISE_PRODUCER and self.by_name[other][2] < _index
+                                                  for other in self.order):
+            return  # the legacy scorer defers to the producer declared before it and ignores its own parameters
+        token_producers = [other for other in self.order if "token-producer" in self.roles(other)]
         if not token_producers:
             res.problems.append("Producer %s needs a token-producer plugin, and none is declared." % name)
-        if not any(p["type"] == PREFIX_SCORER and (p.get("parameters") or {}).get("prefixMatchInfoProducerName") == name
-                   for p in by_name.values()):
+        if ptype == PRECISE_PRODUCER and not any(
+                self.by_name[other][0] == PREFIX_SCORER and _param(self.by_name[other][1], "prefixMatchInfoProducerName") == name
+                for other in self.order):
             res.problems.append("Producer %s is declared but no prefix-cache-scorer references it by prefixMatchInfoProducerName." % name)
-        if not kv_enabled:
+        if not engine.get("kv_events_enabled", True):
             res.problems.append("Producer %s subscribes to KV events, but the engines do not publish them." % name)
-        indexer = params.get("indexerConfig") or {}
-        if _is_mapping(indexer) and "tokenizersPoolConfig" in indexer:
+        raw = self.config_params(name)
+        for field in ("indexerConfig", "kvEventsConfig"):
+            if field in raw and raw[field] is None:
+                res.problems.append("Producer %s sets %s to null; the EPP then %s." % (
+                    name, field, "refuses it (indexerConfig is required)" if field == "indexerConfig"
+                    else "dereferences a nil kvEventsConfig at start and crashes"))
+        indexer = _mapping(_param(params, "indexerConfig"))
+        if _param(indexer, "tokenizersPoolConfig") is not None and ptype == PRECISE_PRODUCER:
             res.problems.append("Producer %s sets indexerConfig.tokenizersPoolConfig, which the router rejects; "
                                 "configure a token-producer plugin instead." % name)
-        tpc = params.get("tokenProcessorConfig") or {}
-        if "blockSize" in tpc:
-            res.deprecations.append("Producer %s uses tokenProcessorConfig.blockSize, deprecated in favour of blockSizeTokens." % name)
-        block_size = tpc.get("blockSizeTokens", tpc.get("blockSize", DEFAULT_BLOCK_SIZE))
+        tpc = _mapping(_param(params, "tokenProcessorConfig"))
+        tokens, old = _param(tpc, "blockSizeTokens"), _param(tpc, "blockSize")
+        block_size = tokens if _is_int(tokens) and tokens > 0 else (old if _is_int(old) and old > 0 else DEFAULT_BLOCK_SIZE)
         want_block = engine.get("block_size")
-        if want_block is not None and str(block_size) != str(want_block):
-            res.problems.append("Producer %s uses block size %s but the engines use --block-size %s." % (name, block_size, want_block))
-        seed = tpc.get("hashSeed", "")
+        if want_block is not None and block_size != want_block:
+            res.warnings.append("Producer %s hashes blocks of %s tokens while the engines use --block-size %s; llm-d-router %s "
+                                "recomputes block keys from the events' token ids with its own block size (%s), so this is "
+                                "not an error, but prefix matches are counted in blocks of %s tokens."
+                                % (name, block_size, want_block, self.version, semantics["block_keys_source"], block_size))
+        seed = _param(tpc, "hashSeed")
+        seed = seed if isinstance(seed, str) else ""
         want_seed = engine.get("hash_seed")
-        if want_seed is not None and str(seed) != str(want_seed):
-            res.problems.append("Producer %s uses hashSeed %r but the engines run with PYTHONHASHSEED %r." % (name, str(seed), str(want_seed)))
-        kvc = params.get("kvEventsConfig") or {}
-        topic_filter = kvc.get("topicFilter", DEFAULT_TOPIC_FILTER)
+        if want_seed is not None and seed != str(want_seed):
+            res.warnings.append("Producer %s uses hashSeed %r while the engines run with PYTHONHASHSEED %r; llm-d-router %s "
+                                "recomputes block keys from the events' token ids (%s), so the seeds need not match."
+                                % (name, seed, str(want_seed), self.version, semantics["block_keys_source"]))
+        kvc = _mapping(_param(params, "kvEventsConfig"))
+        topic_filter = _param(kvc, "topicFilter")
+        topic_filter = topic_filter if isinstance(topic_filter, str) else DEFAULT_TOPIC_FILTER
         topic = engine.get("topic")
         if not _topic_matches(topic_filter, topic):
             res.problems.append("Producer %s subscribes with topicFilter %r, which is not a prefix of the engines' topic %r."
                                 % (name, topic_filter, topic))
-        engine_type = kvc.get("engineType", DEFAULT_ENGINE_TYPE)
+        engine_type = _param(kvc, "engineType")
+        engine_type = engine_type if isinstance(engine_type, str) and engine_type else DEFAULT_ENGINE_TYPE
         want_type = engine.get("engine_type")
-        if want_type is not None and engine_type != want_type:
-            res.problems.append("Producer %s decodes events as engineType %s but the engines are %s." % (name, engine_type, want_type))
-        discover = kvc.get("discoverPods", True) and not kvc.get("zmqEndpoint")
+        if semantics["engine_type_honoured"]:
+            if want_type is not None and engine_type != want_type:
+                res.problems.append("Producer %s decodes events as engineType %s but the engines are %s." % (name, engine_type, want_type))
+        elif engine_type != DEFAULT_ENGINE_TYPE or want_type == "sglang":
+            res.warnings.append("Producer %s %s, but llm-d-router %s ignores kvEventsConfig.engineType and always decodes KV "
+                                "events with its vLLM adapter (%s): SGLang events are read only while they keep vLLM's "
+                                "positional-array layout, and SGLang emits no extra_keys, so salted or multimodal "
+                                "requests never match."
+                                % (name, "sets engineType %s" % engine_type if engine_type != DEFAULT_ENGINE_TYPE
+                                   else "routes to SGLang engines", self.version, semantics["engine_type_source"]))
+        discover_flag = _param(kvc, "discoverPods")
+        pdc_raw = self.nested_raw(raw, "kvEventsConfig", "podDiscoveryConfig")
+        discover = (discover_flag if isinstance(discover_flag, bool) else True) and pdc_raw is not None
+        zmq_endpoint = _param(kvc, "zmqEndpoint")
+        if (discover_flag if isinstance(discover_flag, bool) else True) and pdc_raw is None and not zmq_endpoint:
+            res.problems.append("Producer %s discovers pods but sets kvEventsConfig.podDiscoveryConfig to null, so it "
+                                "subscribes to no engine." % name)
         if discover:
-            port = (kvc.get("podDiscoveryConfig") or {}).get("socketPort", DEFAULT_SOCKET_PORT)
+            port = _param(_mapping(pdc_raw), "socketPort")
+            port = port if _is_int(port) and port else DEFAULT_SOCKET_PORT
             want_port = engine.get("kv_events_port")
-            if want_port is not None and str(port) != str(want_port):
+            if want_port is not None and port != want_port:
                 res.problems.append("Producer %s dials KV events on port %s but the engines publish on port %s." % (name, port, want_port))
-            if NOTIFICATION_SOURCE not in extracting_sources.get(name, []):
+            if not zmq_endpoint and NOTIFICATION_SOURCE not in self.extracting.get(name, []):
                 res.problems.append("Producer %s discovers pods, but no %s data source lists it as an extractor." % (name, NOTIFICATION_SOURCE))
-        res.summary[name] = {"block_size": block_size, "hash_seed": str(seed), "topic_filter": topic_filter,
+        for other in token_producers:
+            if self.token_backend(other) == "estimate":
+                res.problems.append("Producer %s reads tokens from %s, which has no tokenizer backend (no vllm, modelName or "
+                                    "udsTokenizerConfig) and only estimates pseudo-tokens, so no block key ever matches the "
+                                    "engines' events." % (name, self.label(other)))
+        res.summary[name] = {"block_size": block_size, "hash_seed": seed, "topic_filter": topic_filter,
                              "engine_type": engine_type, "discover_pods": bool(discover)}
 
-    if mode == "precise":
-        if not precise:
-            res.problems.append("Mode precise needs a precise-prefix-cache-producer plugin, and none is declared.")
-        if not any(p["type"] == "precise-prefix-cache-scorer" for p in by_name.values()) and not any(
-                p["type"] == PREFIX_SCORER and (p.get("parameters") or {}).get("prefixMatchInfoProducerName") for p in by_name.values()):
-            res.problems.append("Mode precise needs a prefix-cache-scorer with prefixMatchInfoProducerName.")
-    elif mode == "approximate":
-        if precise:
-            res.problems.append("Mode approximate must not declare a precise-prefix-cache-producer.")
-        if not any(p["type"] == "load-aware-scorer" for p in by_name.values()):
-            res.problems.append("Mode approximate needs a load-aware-scorer plugin, and none is declared.")
+    def config_params(self, name):
+        """The raw ``parameters`` mapping of a declared plugin, nulls included."""
+        index = self.by_name[name][2]
+        plugin = self.config["plugins"][index]
+        return _mapping(plugin.get("parameters"))
 
-    res.summary["plugins"] = sorted(by_name)
-    return res
+    @staticmethod
+    def nested_raw(params, *path):
+        """The value at ``path`` with the EPP's defaults: absent -> the default mapping, null -> None."""
+        value = params
+        for key in path:
+            if not _is_mapping(value):
+                return {}
+            found = [k for k in value if isinstance(k, str) and k.lower() == key.lower()]
+            if not found:
+                return {}
+            value = value[key] if key in value else value[found[0]]
+        return value
+
+    def token_backend(self, name):
+        params = self.by_name[name][1]
+        if _is_mapping(_param(params, "udsTokenizerConfig")) and _param(_param(params, "udsTokenizerConfig"), "socketFile"):
+            return "uds"
+        if _param(params, "vllm") is not None or _param(params, "modelName"):
+            return "vllm"
+        return "estimate"
+
+    def check_token_producers(self):
+        semantics = SEMANTICS[self.version]
+        for name in self.order:
+            if "token-producer" not in self.roles(name):
+                continue
+            params = self.by_name[name][1]
+            backend = self.token_backend(name)
+            if backend in ("uds", "vllm") and not _param(params, "modelName"):
+                self.res.problems.append("%s needs modelName with the %s backend; its factory fails without it." % (self.label(name), backend))
+            if sum(1 for on in (_param(params, "estimate") is not None, backend == "uds",
+                                _param(params, "vllm") is not None or bool(_param(params, "modelName"))) if on) > 1:
+                self.res.problems.append("%s sets more than one of estimate, vllm and udsTokenizerConfig; its factory accepts one."
+                                         % self.label(name))
+            if backend != "vllm":
+                continue
+            url = _param(_mapping(_param(params, "vllm")), "url")
+            url = url if isinstance(url, str) and url else DEFAULT_RENDER_URL
+            host = url.split("://", 1)[-1].split("/", 1)[0].rsplit(":", 1)[0]
+            if self.engine.get("enable_scale_out") is False and host not in LOCAL_HOSTS:
+                self.res.warnings.append("%s renders prompts at %s%s, which vLLM 0.32 serves only when started with "
+                                         "--enable-scale-out (403 otherwise), and the engines run without it, so the EPP "
+                                         "gets no tokens and precise scoring silently scores every endpoint 0."
+                                         % (self.label(name), url.rstrip("/"), semantics["render_path"]))
+
+    def check_mode(self):
+        mode, res, types = self.mode, self.res, [self.by_name[name][0] for name in self.order]
+        precise = [name for name in self.order if self.by_name[name][0] == PRECISE_PRODUCER]
+        if mode == "precise":
+            if not precise:
+                res.problems.append("Mode precise needs a precise-prefix-cache-producer plugin, and none is declared.")
+            if PRECISE_LEGACY_SCORER not in types and not any(
+                    self.by_name[name][0] == PREFIX_SCORER and _param(self.by_name[name][1], "prefixMatchInfoProducerName")
+                    for name in self.order):
+                res.problems.append("Mode precise needs a prefix-cache-scorer with prefixMatchInfoProducerName.")
+        elif mode == "approximate":
+            if precise:
+                res.problems.append("Mode approximate must not declare a precise-prefix-cache-producer.")
+            if "load-aware-scorer" not in types:
+                res.problems.append("Mode approximate needs a load-aware-scorer plugin, and none is declared.")
+
+
+def _check_engine(engine, res):
+    """The engine facts the caller gives: keep the well-typed ones, one sentence per bad one."""
+    if engine is None:
+        return {}
+    if not _is_mapping(engine):
+        res.problems.append("engine must be a mapping of the engines' settings (got %s)." % type_name(engine))
+        return {}
+    clean = {}
+    for key, value in engine.items():
+        kind = ENGINE_KEYS.get(key)
+        if kind is None:
+            res.problems.append("engine.%s is not an engine setting this check knows (%s)." % (_text(key), ", ".join(sorted(ENGINE_KEYS))))
+            continue
+        if value is None:
+            continue
+        if kind == "int":
+            if not _is_int(value):
+                res.problems.append("engine.%s is %s but must be an integer." % (key, type_name(value)))
+                continue
+            low, high = (1, 65535) if key == "kv_events_port" else (1, 1 << 20)
+            if not low <= value <= high:
+                res.problems.append("engine.%s must be between %d and %d (got %d)." % (key, low, high, value))
+                continue
+        elif kind == "bool" and not isinstance(value, bool):
+            res.problems.append("engine.%s is %s but must be a boolean." % (key, type_name(value)))
+            continue
+        elif kind == "str":
+            if isinstance(value, (int, float)) and not isinstance(value, bool) and key == "hash_seed":
+                value = str(value)
+            if not isinstance(value, str):
+                res.problems.append("engine.%s is %s but must be a string." % (key, type_name(value)))
+                continue
+            if key == "engine_type" and value not in ("vllm", "sglang"):
+                res.problems.append("engine.engine_type is %s but must be vllm or sglang." % show(value))
+                continue
+        clean[key] = value
+    return clean
+
+
+def check_epp_config(config, engine=None, mode=None, router_version=None):
+    """Check an EndpointPickerConfig (a dict) exactly as ``router_version`` (default: the pinned one) decodes it.
+
+    ``engine`` keys (all optional): ``block_size`` (int), ``hash_seed`` (str), ``topic`` (the engines' topic,
+    placeholders allowed), ``kv_events_port`` (int), ``engine_type`` (``vllm``|``sglang``), ``kv_events_enabled``
+    (bool), ``enable_scale_out`` (bool: whether vLLM runs with ``--enable-scale-out``, which serves the render
+    endpoint the token producer calls). ``mode`` (optional): ``precise`` or ``approximate`` to also check that the
+    config implements that mode. Returns an :class:`EppConfigResult`; never raises on any input.
+    """
+    version = router_version or DEFAULT_ROUTER_VERSION
+    if not isinstance(version, str) or version not in PLUGINS:
+        res = EppConfigResult(DEFAULT_ROUTER_VERSION)
+        res.problems.append("router_version %s is not one this collection encodes (%s)." % (show(version), ", ".join(ROUTER_VERSIONS)))
+        return res
+    res = EppConfigResult(version)
+    engine = _check_engine(engine, res)
+    if mode not in (None, "precise", "approximate"):
+        res.problems.append("mode is %s but must be precise or approximate." % show(mode))
+        mode = None
+    if not _is_mapping(config):
+        res.problems.append("The EndpointPickerConfig is not a mapping (got %s)." % type(config).__name__)
+        return res
+    checker = _Checker(config, engine, mode, version)
+    checker.res = res
+    return checker.run()

@@ -13,15 +13,30 @@ module: epp_config_check
 short_description: Check an llm-d router EndpointPickerConfig against the engines it routes to
 version_added: 0.1.0
 description:
-  - Validates an C(EndpointPickerConfig) (llm-d router, C(llm-d.ai/v1alpha1)) without a cluster.
-  - Every C(pluginRef) in scheduling profiles and data-layer sources must name a declared plugin.
-  - A C(prefix-cache-scorer) that names a C(prefixMatchInfoProducerName) must reference a declared prefix-cache producer.
-  - A C(precise-prefix-cache-producer) needs a C(token-producer); its block size, hash seed, topic filter, engine type and
+  - Validates an C(EndpointPickerConfig) (llm-d router, C(llm-d.ai/v1alpha1)) without a cluster, exactly as the pinned
+    router version decodes it (O(router_version)).
+  - Every plugin type must be one that router version registers, and every field of its C(parameters), nested ones
+    included, one that its Go structs define with the right JSON type; the EPP decodes parameters strictly
+    (C(DisallowUnknownFields)), so an unknown field (for example C(kvEventsConfig.podDiscoveryConfig.replaySocketPort),
+    which first appears in llm-d-router v0.10.0) stops the EPP from starting and is reported as a problem that names
+    the plugin and the field path.
+  - Every C(pluginRef) in scheduling profiles and data-layer sources must name a declared plugin; a C(prefix-cache-scorer)
+    that names a C(prefixMatchInfoProducerName) must reference a declared prefix-cache producer; deciders named by a
+    profile handler must be declared before it.
+  - A C(precise-prefix-cache-producer) needs a C(token-producer) with a real tokenizer backend; its topic filter and
     pod-discovery port must match the engines (O(engine)); in pod-discovery mode an C(endpoint-notification-source) data
     source must list it as an extractor.
+  - At llm-d-router v0.9.0 a block size or hash seed that differs from the engines' is a warning, not a problem (the EPP
+    recomputes block keys from the token ids in the events, C(preciseprefixcache/README.md)), and
+    C(kvEventsConfig.engineType) is accepted but ignored (the producer always decodes with the vLLM adapter), which the
+    module warns about for SGLang.
+  - The C(token-producer)'s vLLM backend calls C(/v1/completions/render), which vLLM 0.32 serves only when started with
+    C(--enable-scale-out); with O(engine.enable_scale_out=false) and a render URL that is not the EPP pod's own sidecar
+    the module warns.
   - Deprecated plugin names and fields (C(precise-prefix-cache-scorer), C(tokenizer), C(blockSize), the old apiVersion)
-    are reported as warnings, or as failures with O(fail_on_deprecations=true).
-  - Each problem is one sentence. The module never changes anything.
+    are reported as deprecations, or as failures with O(fail_on_deprecations=true).
+  - Each problem is one sentence; wrongly typed input of any shape is reported, never raised. The module never changes
+    anything.
 author:
   - inference_cache.substrate contributors (@inference-cache)
 extends_documentation_fragment:
@@ -44,7 +59,7 @@ options:
     default: {}
     suboptions:
       block_size:
-        description: The engines' C(--block-size) (SGLang C(--page-size)).
+        description: The engines' C(--block-size) (SGLang C(--page-size)), 1 to 1048576.
         type: int
       hash_seed:
         description: The engines' C(PYTHONHASHSEED).
@@ -55,7 +70,7 @@ options:
           - The producer's C(topicFilter) must be a prefix of it (ZMQ subscriptions match byte prefixes).
         type: str
       kv_events_port:
-        description: The port the engines bind their KV-event publisher on.
+        description: The port the engines bind their KV-event publisher on, 1 to 65535.
         type: int
       engine_type:
         description: The engine kind, which selects the router's event decoder.
@@ -65,6 +80,11 @@ options:
         description: Whether the engines publish KV events at all.
         type: bool
         default: true
+      enable_scale_out:
+        description:
+          - Whether the vLLM engines run with C(--enable-scale-out), without which vLLM 0.32 answers
+            C(/v1/completions/render) with 403. Omitted means unknown, and that check is skipped.
+        type: bool
   mode:
     description:
       - When set, also check that the config implements this scoring mode.
@@ -74,13 +94,19 @@ options:
     description: Treat deprecated names as problems.
     type: bool
     default: false
+  router_version:
+    description:
+      - The llm-d router version whose plugin types and parameter fields the config must match.
+    type: str
+    default: v0.9.0
+    choices: [v0.9.0]
 requirements:
   - PyYAML (only for O(path) or YAML text)
 seealso:
   - module: inference_cache.substrate.kv_events_check
-  - name: llm-d router EndpointPickerConfig types
-    description: apix/config/v1alpha1/endpointpickerconfig_types.go
-    link: https://github.com/llm-d/llm-d-router
+  - name: llm-d router EndpointPickerConfig types (v0.9.0)
+    description: apix/config/v1alpha1/endpointpickerconfig_types.go and the plugin factories in pkg/epp/framework/plugins
+    link: https://github.com/llm-d/llm-d-router/tree/v0.9.0
 """
 
 EXAMPLES = r"""
@@ -95,6 +121,14 @@ EXAMPLES = r"""
       kv_events_port: 5557
       engine_type: vllm
 
+- name: Check a hand-written config against the pinned router and the engines' render endpoint
+  inference_cache.substrate.epp_config_check:
+    path: files/my-epp.yaml
+    router_version: v0.9.0
+    engine:
+      engine_type: vllm
+      enable_scale_out: false
+
 - name: Check an inline config and keep going when it is wrong
   inference_cache.substrate.epp_config_check:
     config: "{{ lookup('ansible.builtin.file', 'my-epp.yaml') }}"
@@ -108,12 +142,33 @@ problems:
   returned: always
   type: list
   elements: str
-  sample: ["Producer precise-prefix-cache-producer uses block size 16 but the engines use --block-size 32."]
+  sample:
+    - >-
+      Plugin precise-prefix-cache-producer parameter kvEventsConfig.podDiscoveryConfig.replaySocketPort is not a field of
+      precise-prefix-cache-producer in llm-d-router v0.9.0; the EPP decodes parameters strictly (DisallowUnknownFields),
+      so the plugin fails and the EPP does not start.
 deprecations:
   description: One sentence per deprecated name or field found.
   returned: always
   type: list
   elements: str
+warnings_found:
+  description:
+    - One sentence per finding that does not stop the EPP but is worth knowing (a block size or hash seed unlike the
+      engines', an ignored C(engineType), parameters a plugin ignores, a render endpoint the engines do not serve).
+    - Each is also emitted as an Ansible warning.
+  returned: always
+  type: list
+  elements: str
+  sample:
+    - >-
+      Producer precise-prefix-cache-producer uses hashSeed '7' while the engines run with PYTHONHASHSEED '42'; llm-d-router
+      v0.9.0 recomputes block keys from the events' token ids (...), so the seeds need not match.
+router_version:
+  description: The llm-d router version the config was checked against.
+  returned: always
+  type: str
+  sample: v0.9.0
 summary:
   description: The declared plugin names and, per precise producer, the values it was checked with.
   returned: always
@@ -123,6 +178,7 @@ summary:
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 
 from ansible_collections.inference_cache.substrate.plugins.module_utils._epp_config import check_epp_config
+from ansible_collections.inference_cache.substrate.plugins.module_utils._epp_plugins import DEFAULT_ROUTER_VERSION, ROUTER_VERSIONS
 
 try:
     import yaml
@@ -137,12 +193,14 @@ ENGINE_SPEC = dict(
     kv_events_port=dict(type="int"),
     engine_type=dict(type="str", choices=["vllm", "sglang"]),
     kv_events_enabled=dict(type="bool", default=True),
+    enable_scale_out=dict(type="bool"),
 )
 
 
 def _load(module):
+    """The config as data: a mapping is used as it is, text and files are YAML; anything else goes to the check as it is."""
     config, path = module.params["config"], module.params["path"]
-    if isinstance(config, dict):
+    if path is None and not isinstance(config, str):
         return config
     if yaml is None:
         module.fail_json(msg=missing_required_lib("PyYAML"))
@@ -151,12 +209,12 @@ def _load(module):
             with open(path, "r") as handle:
                 text = handle.read()
         else:
-            text = str(config)
+            text = config
         return yaml.safe_load(text)
     except (IOError, OSError) as exc:
         module.fail_json(msg="Cannot read the EndpointPickerConfig file %s: %s." % (path, exc))
-    except yaml.YAMLError as exc:
-        module.fail_json(msg="The EndpointPickerConfig is not valid YAML: %s." % str(exc).replace("\n", " "))
+    except (yaml.YAMLError, ValueError) as exc:
+        module.fail_json(msg="The EndpointPickerConfig is not valid YAML: %s." % " ".join(str(exc).split()))
     return None
 
 
@@ -168,20 +226,25 @@ def main():
             engine=dict(type="dict", default={}, options=ENGINE_SPEC),
             mode=dict(type="str", choices=["precise", "approximate"]),
             fail_on_deprecations=dict(type="bool", default=False),
+            router_version=dict(type="str", default=DEFAULT_ROUTER_VERSION, choices=list(ROUTER_VERSIONS)),
         ),
         mutually_exclusive=[("config", "path")],
         required_one_of=[("config", "path")],
         supports_check_mode=True,
     )
     engine = dict((k, v) for k, v in (module.params["engine"] or {}).items() if v is not None)
-    result = check_epp_config(_load(module), engine=engine, mode=module.params["mode"])
+    result = check_epp_config(_load(module), engine=engine, mode=module.params["mode"],
+                              router_version=module.params["router_version"])
     problems = list(result.problems)
     if module.params["fail_on_deprecations"]:
         problems.extend(result.deprecations)
     else:
         for sentence in result.deprecations:
             module.warn(sentence)
-    out = dict(changed=False, problems=problems, deprecations=result.deprecations, summary=result.summary)
+    for sentence in result.warnings:
+        module.warn(sentence)
+    out = dict(changed=False, problems=problems, deprecations=result.deprecations, warnings_found=result.warnings,
+               router_version=result.router_version, summary=result.summary)
     if problems:
         module.fail_json(msg="The EndpointPickerConfig has %d problem(s): %s" % (len(problems), " ".join(problems)), **out)
     module.exit_json(**out)

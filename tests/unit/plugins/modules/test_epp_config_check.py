@@ -46,10 +46,10 @@ def test_yaml_text_is_accepted():
 
 def test_bad_config_fails_with_each_sentence():
     config = copy.deepcopy(PRECISE)
-    config["plugins"][1]["parameters"]["tokenProcessorConfig"]["hashSeed"] = "7"
+    config["plugins"][1]["parameters"]["kvEventsConfig"]["podDiscoveryConfig"]["socketPort"] = 5556
     result = run(epp_config_check, {"config": config, "engine": ENGINE}, AnsibleFailJson)
-    assert result["msg"] == ("The EndpointPickerConfig has 1 problem(s): Producer precise-prefix-cache-producer uses hashSeed '7' but the "
-                             "engines run with PYTHONHASHSEED '42'.")
+    assert result["msg"] == ("The EndpointPickerConfig has 1 problem(s): Producer precise-prefix-cache-producer dials KV events on port 5556 "
+                             "but the engines publish on port 5557.")
     assert result["changed"] is False
 
 
