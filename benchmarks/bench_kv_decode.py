@@ -28,7 +28,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(
 from _loader import module_utils  # noqa: E402  pylint: disable=wrong-import-position
 
 kv = module_utils("_kv_events")
-kvz = module_utils("_kv_zmq")
+import _kv_synthetic as synth  # noqa: E402  pylint: disable=wrong-import-position,import-error
 
 
 class RefEvent(msgspec.Struct, tag=True, omit_defaults=True, gc=False):
@@ -68,8 +68,8 @@ class RefBatch(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
 def payloads(n_batches=256, block_size=32, blocks=4):
     out = []
     for step in range(n_batches):
-        events = kvz.synthetic_events("vllm-map", step, block_size=block_size, blocks=blocks)
-        out.append(kvz.encode_batch(events, ts=1.0 + step, rank=0))
+        events = synth.synthetic_events("vllm-map", step, block_size=block_size, blocks=blocks)
+        out.append(synth.encode_batch(events, ts=1.0 + step, rank=0))
     n_events = sum(len(msgspec.msgpack.decode(p)[1]) for p in out)
     return out, n_events
 

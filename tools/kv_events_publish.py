@@ -6,12 +6,17 @@
 
 """Synthetic KV-event publisher: real-shaped vLLM (map or array events) and SGLang frames, with a replay ROUTER.
 
+The publisher itself is tools/_kv_synthetic.py (test and tool code, kept out of the modules' payload).
+
 Examples:
   # like vLLM with tcp://*:5557 (binds), replay on 5558, a repairable gap at batch 3 and a restart at batch 6
   tools/kv_events_publish.py --endpoint tcp://127.0.0.1:5557 --bind --replay-endpoint tcp://127.0.0.1:5558 \\
       --count 10 --drop-at 3 --restart-at 6 --wait-subscriber 10
   # like vLLM with tcp://127.0.0.1:5557 (connects to a binding subscriber)
   tools/kv_events_publish.py --endpoint tcp://127.0.0.1:5557 --format vllm-array --count 5
+  # the tail of a burst lost at the high-water mark: the last 3 of 10 batches only in the replay buffer
+  tools/kv_events_publish.py --endpoint tcp://127.0.0.1:5557 --replay-endpoint tcp://127.0.0.1:5558 --count 10 \\
+      --drop-tail 3 --linger 10
 """
 
 from __future__ import absolute_import, division, print_function
@@ -24,7 +29,7 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _loader import module_utils  # noqa: E402  pylint: disable=wrong-import-position
+import _kv_synthetic as synth  # noqa: E402  pylint: disable=wrong-import-position,import-error
 
 
 def _ints(text):
@@ -53,27 +58,28 @@ def parse_args(argv):
     parser.add_argument("--restart-at", default="", help="batch indexes at which the engine 'restarts' (seq back to 0)")
     parser.add_argument("--unknown-at", default="", help="batch indexes that carry an extra event of an unknown type")
     parser.add_argument("--malformed-at", default="", help="batch indexes replaced by a garbage payload")
+    parser.add_argument("--drop-tail", type=int, default=0,
+                        help="publish the last N batches only to the replay buffer (a tail lost at the high-water mark)")
     return parser.parse_args(argv)
 
 
 def main(argv=None):
     args = parse_args(argv)
-    kvz = module_utils("_kv_zmq")
-    if not kvz.HAS_ZMQ or not module_utils("_kv_events").HAS_MSGSPEC:
+    if not synth.HAS_ZMQ or not synth.HAS_MSGSPEC:
         sys.stderr.write("error: this tool needs the pyzmq and msgspec Python libraries (pip install pyzmq msgspec).\n")
         return 2
     try:
-        pub = kvz.SyntheticPublisher(args.endpoint, bind=args.bind, replay_endpoint=args.replay_endpoint, topic=args.topic,
-                                     wire_format=args.format, hash_kind=args.hashes, block_size=args.block_size, rank=args.rank,
-                                     replay_topic=not args.no_replay_topic, batch_format=args.batch_format)
-    except kvz.SocketSetupError as exc:
+        pub = synth.SyntheticPublisher(args.endpoint, bind=args.bind, replay_endpoint=args.replay_endpoint, topic=args.topic,
+                                       wire_format=args.format, hash_kind=args.hashes, block_size=args.block_size, rank=args.rank,
+                                       replay_topic=not args.no_replay_topic, batch_format=args.batch_format)
+    except synth.SocketSetupError as exc:
         sys.stderr.write("error: %s\n" % exc)
         return 1
     try:
         sent = pub.run(count=args.count, interval=args.interval, drop_at=_ints(args.drop_at), skip_at=_ints(args.skip_at),
                        restart_at=_ints(args.restart_at), unknown_at=_ints(args.unknown_at),
                        malformed_at=_ints(args.malformed_at), wait_subscriber=args.wait_subscriber, linger=args.linger,
-                       duration=args.duration)
+                       duration=args.duration, drop_tail=args.drop_tail)
     except KeyboardInterrupt:
         sent = pub.sent
     finally:

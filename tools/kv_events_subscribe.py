@@ -54,6 +54,7 @@ def parse_args(argv):
 def main(argv=None):
     args = parse_args(argv)
     kv = module_utils("_kv_events")
+    report = module_utils("_kv_report")
     check = module_utils("_kv_check")
     if not kv.HAS_MSGSPEC or not module_utils("_kv_zmq").HAS_ZMQ:
         sys.stderr.write("error: this tool needs the pyzmq and msgspec Python libraries (pip install pyzmq msgspec).\n")
@@ -69,7 +70,7 @@ def main(argv=None):
 
     def add_and_print(batch):
         add(batch)
-        for line in kv.batch_json_lines(batch, args.include_token_ids):
+        for line in report.batch_json_lines(batch, args.include_token_ids):
             if args.max and printed[0] >= args.max:
                 return
             sys.stdout.write(line + "\n")

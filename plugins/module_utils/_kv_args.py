@@ -24,3 +24,11 @@ KV_STREAM_ARG_SPEC = {
     "replay_endpoint": {"type": "str"},
     "timeout": {"type": "float", "default": 30.0},
 }
+
+# Inclusive ranges (low, high, integer?) of the numeric options above, checked before any socket opens.
+# data_parallel_size: each rank costs a SUB socket, its monitor and a replay socket; vLLM's largest data-parallel
+# deployments stay far below 64 ranks per engine.
+LIMITS = {
+    "data_parallel_size": (1, 64, True),
+    "timeout": (0.0, 86400.0, False),
+}

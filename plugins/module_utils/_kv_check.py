@@ -8,17 +8,28 @@
 """The KV-event stream check behind ``inference_cache.substrate.kv_events_check`` (pure Python, no Ansible).
 
 ``KVEventsCheck(params).run()`` returns the facts dict or raises ``CheckFailed(msg, facts)``.
-All waiting is bounded by one deadline on a monotonic clock.
+All waiting is bounded by one deadline on a monotonic clock. Every option is checked (types, ranges,
+endpoint shapes) before any socket opens, so the module and the CLIs answer bad input with one sentence.
+
+Nothing lost: a gap in the sequence numbers is repaired through the replay endpoint as soon as it shows;
+the tail of a burst (batches dropped at the publisher's high-water mark after the last one that arrived)
+shows no gap, so when the stream goes quiet with the expectations unmet, and before reporting, the check
+asks the replay endpoint for everything after the last sequence number seen on each stream.
 """
 
 from __future__ import absolute_import, division, print_function
 
 __metaclass__ = type  # pylint: disable=invalid-name
 
+import math
+import re
 import time
 
-from ._kv_events import EVENT_TYPES, KVDecoder, KVStats, MalformedMessage, SequenceTracker, batch_json_lines, offset_endpoint
-from ._kv_zmq import SocketSetupError, drain_monitor, open_socket, replay, zmq
+from ._kv_args import LIMITS as STREAM_LIMITS
+from ._kv_events import EVENT_TYPES, KVDecoder, MalformedMessage
+from ._kv_report import KVStats, batch_json_lines
+from ._kv_stream import SequenceTracker
+from ._kv_zmq import SocketSetupError, drain_monitor, offset_endpoint, open_socket, replay, zmq
 from ._openai_http import OpenAIClient, OpenAIHTTPError, cached_tokens, model_ids
 
 DEFAULT_EXPECT = {"BlockStored": 1}
@@ -37,6 +48,16 @@ TRIGGER_SPEC = {
     "headers": {"type": "dict", "default": {}},
     "delay": {"type": "float", "default": 0.5},
 }
+# Inclusive numeric ranges (low, high, integer?) of the check's own options; STREAM_LIMITS has the stream's.
+LIMITS = dict(STREAM_LIMITS, **{
+    "settle": (0.0, 3600.0, False),
+    "trigger.max_tokens": (1, 1000000, True),
+    "trigger.delay": (0.0, 3600.0, False),
+})
+MAX_EXPECT = 1000000000
+ENDPOINT_RE = re.compile(r"^(tcp|ipc|inproc)://\S+$")
+URL_RE = re.compile(r"^https?://[^\s/]+", re.IGNORECASE)
+TAIL_IDLE = 2.0  # seconds a replay endpoint may stay silent before a replay request is given up
 CHECK_ARG_SPEC = {
     "expect": {"type": "dict", "default": DEFAULT_EXPECT},
     "expect_removed_after_stored": {"type": "bool", "default": False},
@@ -92,7 +113,7 @@ class KVEventsCheck:
     """Subscribe, optionally trigger a request, count events, repair gaps, judge expectations."""
 
     def __init__(self, params, check_mode=False, clock=time.monotonic, client_class=OpenAIClient, ctx=None):
-        self.p = params
+        self.params = params
         self.check_mode = check_mode
         self.clock = clock
         self.client_class = client_class
@@ -106,7 +127,8 @@ class KVEventsCheck:
         self.connected = []
         self.start = None
         expect = params.get("expect")
-        self.expect = dict(DEFAULT_EXPECT if expect is None else expect)
+        self.expect = dict(DEFAULT_EXPECT) if expect is None else (dict(expect) if isinstance(expect, dict) else expect)
+        self.stream_socket = {}  # stream key -> index of the socket (data-parallel rank) it arrived on
 
     # -- facts ----------------------------------------------------------------------------
     def facts(self):
@@ -117,8 +139,8 @@ class KVEventsCheck:
         facts["elapsed"] = round(self.clock() - self.start, 3) if self.start is not None else 0.0
         try:
             facts["endpoints"] = self.endpoints()
-        except ValueError:
-            facts["endpoints"] = [self.p.get("endpoint")]
+        except (ValueError, TypeError, AttributeError):
+            facts["endpoints"] = [self.params.get("endpoint")]
         facts["peer_connected"] = list(self.connected)
         facts["changed"] = False
         return facts
@@ -126,33 +148,93 @@ class KVEventsCheck:
     def fail(self, msg):
         raise CheckFailed(msg, self.facts())
 
+    def dp_size(self):
+        size = self.params.get("data_parallel_size")
+        return size if isinstance(size, int) and not isinstance(size, bool) and 1 <= size <= LIMITS["data_parallel_size"][1] else 1
+
     def endpoints(self):
-        size = max(int(self.p.get("data_parallel_size") or 1), 1)
-        return [offset_endpoint(self.p["endpoint"], rank) for rank in range(size)]
+        return [offset_endpoint(self.params["endpoint"], rank) for rank in range(self.dp_size())]
 
     # -- validation -----------------------------------------------------------------------
+    def _number(self, name, value):
+        """Check an option against LIMITS; returns the number. Fails with one sentence."""
+        low, high, integer = LIMITS[name]
+        kind = "an integer" if integer else "a number"
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            self.fail("%s must be %s between %s and %s, got %r." % (name, kind, low, high, value))
+        if not math.isfinite(value) or (integer and value != int(value)):
+            self.fail("%s must be %s between %s and %s, got %r." % (name, kind, low, high, value))
+        if name == "timeout" and value <= 0:
+            self.fail("timeout must be a positive number of seconds (at most %s), got %r." % (high, value))
+        if not low <= value <= high:
+            self.fail("%s must be between %s and %s, got %r." % (name, low, high, value))
+        return int(value) if integer else float(value)
+
+    def _endpoint(self, name, value):
+        if not isinstance(value, str) or not ENDPOINT_RE.match(value):
+            self.fail("%s must be a ZMQ endpoint such as tcp://HOST:PORT, ipc:///PATH or inproc://NAME, got %r." % (name, value))
+
+    def _choice(self, name, value, choices):
+        if value not in choices:
+            self.fail("%s must be one of %s, got %r." % (name, ", ".join(choices), value))
+
     def validate(self):
-        for name, value in self.expect.items():
-            if name not in EVENT_TYPES:
-                self.fail("expect names an unknown event type %r; use %s." % (name, ", ".join(EVENT_TYPES)))
-            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-                try:
-                    self.expect[name] = int(value)
-                except (TypeError, ValueError):
-                    self.fail("expect.%s must be a non-negative integer, got %r." % (name, value))
-                if self.expect[name] < 0:
-                    self.fail("expect.%s must be a non-negative integer, got %r." % (name, value))
-        dp_size = self.p.get("data_parallel_size")
-        if dp_size is not None and dp_size < 1:
-            self.fail("data_parallel_size must be at least 1.")
-        if float(self.p.get("timeout") or 0) <= 0:
-            self.fail("timeout must be a positive number of seconds.")
+        params = self.params
+        self._endpoint("endpoint", params.get("endpoint"))
+        if params.get("replay_endpoint") is not None:
+            self._endpoint("replay_endpoint", params["replay_endpoint"])
+        self._choice("socket_mode", params.get("socket_mode") or "connect", ("connect", "bind"))
+        self._choice("engine", params.get("engine") or "auto", ("auto", "vllm", "sglang"))
+        if not isinstance(params.get("topic") or "", str):
+            self.fail("topic must be a string, got %r." % (params["topic"],))
+        for name in ("data_parallel_size", "timeout", "settle"):
+            if params.get(name) is not None:
+                self._number(name, params[name])
+        for name in ("include_token_ids", "expect_removed_after_stored"):
+            if params.get(name) is not None and not isinstance(params[name], bool):
+                self.fail("%s must be true or false, got %r." % (name, params[name]))
+        if params.get("capture_path") is not None and not isinstance(params["capture_path"], str):
+            self.fail("capture_path must be a path, got %r." % (params["capture_path"],))
+        self._validate_expect()
+        self._validate_trigger(params.get("trigger"))
         try:
             self.endpoints()
-            if self.p.get("replay_endpoint"):
-                offset_endpoint(self.p["replay_endpoint"], max(int(self.p.get("data_parallel_size") or 1), 1) - 1)
+            if params.get("replay_endpoint"):
+                offset_endpoint(params["replay_endpoint"], self.dp_size() - 1)
         except ValueError as exc:
             self.fail("%s." % str(exc).capitalize())
+
+    def _validate_expect(self):
+        if not isinstance(self.expect, dict):
+            self.fail("expect must be a mapping of event type to minimum count, such as {BlockStored: 1}, got %r." % (self.expect,))
+        for name, value in list(self.expect.items()):
+            if name not in EVENT_TYPES:
+                self.fail("expect names an unknown event type %r; use %s." % (name, ", ".join(EVENT_TYPES)))
+            number = value
+            if isinstance(value, str) and value.strip().isdigit():
+                number = int(value)
+            if isinstance(number, bool) or not isinstance(number, int) or not 0 <= number <= MAX_EXPECT:
+                self.fail("expect.%s must be a non-negative integer (at most %d), got %r." % (name, MAX_EXPECT, value))
+            self.expect[name] = number
+
+    def _validate_trigger(self, trigger):
+        if trigger is None:
+            return
+        if not isinstance(trigger, dict):
+            self.fail("trigger must be a mapping with at least a url, got %r." % (trigger,))
+        url = trigger.get("url")
+        if not isinstance(url, str) or not URL_RE.match(url):
+            self.fail("trigger.url must be an http:// or https:// URL of the OpenAI-compatible server, got %r." % (url,))
+        for name in ("model", "prompt", "api_key"):
+            if trigger.get(name) is not None and not isinstance(trigger[name], str):
+                self.fail("trigger.%s must be a string." % name)
+        for name in ("max_tokens", "delay"):
+            if trigger.get(name) is not None:
+                self._number("trigger." + name, trigger[name])
+        headers = trigger.get("headers") or {}
+        if not isinstance(headers, dict) or not all(
+                isinstance(k, str) and isinstance(v, (str, int, float)) and not isinstance(v, bool) for k, v in headers.items()):
+            self.fail("trigger.headers must be a mapping of header names to strings.")
 
     # -- main loop ------------------------------------------------------------------------
     def met(self):
@@ -161,20 +243,22 @@ class KVEventsCheck:
             return False
         if any(counts.get(name, 0) < num for name, num in self.expect.items()):
             return False
-        if self.p.get("expect_removed_after_stored") and not self.stats.removed_after_stored:
+        if self.params.get("expect_removed_after_stored") and not self.stats.removed_after_stored:
             return False
         return True
 
     def run(self):
         self.start = self.clock()
         self.validate()
-        timeout = float(self.p.get("timeout") or 30.0)
+        timeout = float(self.params.get("timeout") or 30.0)
         deadline = self.start + timeout
+        # With a replay endpoint, keep a little time at the end to fetch the tail of each stream.
+        reserve = min(TAIL_IDLE, timeout / 10.0) if self.params.get("replay_endpoint") else 0.0
         own_ctx = self.ctx is None
         ctx = zmq.Context() if own_ctx else self.ctx
         socks, mons = [], []
         try:
-            bind = self.p.get("socket_mode") == "bind"
+            bind = self.params.get("socket_mode") == "bind"
             for endpoint in self.endpoints():
                 try:
                     sock, mon = open_socket(ctx, zmq.SUB, endpoint, bind, monitor=True)
@@ -183,7 +267,8 @@ class KVEventsCheck:
                 socks.append(sock)
                 mons.append(mon)
             self.connected = [False] * len(socks)
-            self._loop(ctx, socks, mons, deadline)
+            self._loop(ctx, socks, mons, deadline - reserve)
+            self.replay_tails(ctx, deadline)
         finally:
             for sock in socks:
                 try:
@@ -205,18 +290,25 @@ class KVEventsCheck:
             poller.register(sock, zmq.POLLIN)
         index = dict((id(s), i) for i, s in enumerate(socks))
         mon_index = dict((id(m), i) for i, m in enumerate(mons))
-        trigger = self.p.get("trigger")
+        trigger = self.params.get("trigger")
         trigger_pending = bool(trigger)
         delay = float((trigger or {}).get("delay") or 0.0)
         all_connected_at = None
         last_msg = None
-        settle = max(float(self.p.get("settle") or 0.0), 0.0)
+        settle = max(float(self.params.get("settle") or 0.0), 0.0)
+        quiet = max(settle, 0.5)  # quiet this long with the expectations unmet: fetch the tails
+        tail_asked = False
         while True:
             now = self.clock()
             if now >= deadline:
                 return
             if not trigger_pending and self.met() and (last_msg is None or now - last_msg >= settle):
                 return
+            if (not tail_asked and not trigger_pending and last_msg is not None and now - last_msg >= quiet
+                    and self.params.get("replay_endpoint")):
+                tail_asked = True  # once per quiet period: a new message re-arms it
+                self.replay_tails(ctx, deadline)
+                continue
             events = dict(poller.poll(max(int(min(deadline - now, 0.1) * 1000), 1)))
             for sock in mons:
                 if sock in events and drain_monitor(sock):
@@ -225,12 +317,13 @@ class KVEventsCheck:
                 if sock in events:
                     if self._drain(ctx, sock, index[id(sock)], deadline):
                         last_msg = self.clock()
+                        tail_asked = False
             now = self.clock()
             if all_connected_at is None and all(self.connected):
                 all_connected_at = now
             if trigger_pending and all_connected_at is not None and now - all_connected_at >= delay:
                 trigger_pending = False
-                if self.p.get("socket_mode") == "bind":
+                if self.params.get("socket_mode") == "bind":
                     # An engine that connects queues its events while nobody is bound and delivers that backlog
                     # as soon as we bind; count only what arrives once the trigger is on its way.
                     self.backlog_batches = self.stats.begin_window()
@@ -243,7 +336,7 @@ class KVEventsCheck:
 
     def _drain(self, ctx, sock, sock_rank, deadline):
         got = False
-        topic_prefix = self.p.get("topic") or ""
+        topic_prefix = self.params.get("topic") or ""
         for _i in range(1000):
             try:
                 frames = sock.recv_multipart(zmq.NOBLOCK, copy=True)
@@ -259,34 +352,44 @@ class KVEventsCheck:
             except MalformedMessage as exc:
                 self.stats.add_malformed(str(exc))
                 continue
+            if not self.stats.accepts_topic(batch.topic):
+                self.stats.add_malformed("a message arrived under more than %d distinct topics" % self.stats.max_topics)
+                continue
             rank = sock_rank if batch.rank is None else batch.rank
             state, gap = self.seqs.observe(batch.topic, rank, batch.seq)
             if state == "duplicate":
                 continue
+            if state == "overflow":
+                self.stats.add_malformed("a message arrived on more than %d distinct streams" % self.seqs.max_streams)
+                continue
+            self.stream_socket.setdefault(self.seqs.key(batch.topic, rank), sock_rank)
             self.add(batch)
-            if gap is not None and self.p.get("replay_endpoint"):
+            if gap is not None and self.params.get("replay_endpoint"):
                 self.repair(ctx, gap, sock_rank, deadline)
         return got
 
     def add(self, batch):
         self.stats.add_batch(batch)
-        if self.p.get("capture_path"):
-            self.capture.extend(batch_json_lines(batch, bool(self.p.get("include_token_ids"))))
+        if self.params.get("capture_path"):
+            self.capture.extend(batch_json_lines(batch, bool(self.params.get("include_token_ids"))))
+
+    def _decode_replayed(self, payload, topic, seq):
+        try:
+            batch = self.decoder.decode_payload(payload, topic, seq)
+        except MalformedMessage as exc:
+            self.stats.add_malformed("replayed batch %d: %s" % (seq, exc))
+            return
+        self.add(batch)
 
     def repair(self, ctx, gap, sock_rank, deadline):
-        endpoint = offset_endpoint(self.p["replay_endpoint"], sock_rank)
+        endpoint = offset_endpoint(self.params["replay_endpoint"], sock_rank)
         wanted = set(range(gap["start"], gap["end"] + 1))
         try:
-            for _topic, seq, payload in replay(ctx, endpoint, gap["start"], deadline, clock=self.clock):
+            for _topic, seq, payload in replay(ctx, endpoint, gap["start"], deadline, idle=TAIL_IDLE, clock=self.clock):
                 if seq not in wanted:
                     continue
                 wanted.discard(seq)
-                try:
-                    batch = self.decoder.decode_payload(payload, gap["topic"], seq)
-                except MalformedMessage as exc:
-                    self.stats.add_malformed("replayed batch %d: %s" % (seq, exc))
-                    continue
-                self.add(batch)
+                self._decode_replayed(payload, gap["topic"], seq)
                 if not wanted:
                     break
         except SocketSetupError as exc:
@@ -297,17 +400,41 @@ class KVEventsCheck:
         gap["repaired"] = not wanted
         gap["still_missing"] = len(wanted)
 
+    def replay_tails(self, ctx, deadline):
+        """Ask the replay endpoint for everything after the last sequence number seen, per stream.
+
+        The tail of a burst dropped at the publisher's high-water mark leaves no gap behind it (no later batch
+        arrives), so only this request finds it. What comes back is counted and recorded as a repaired tail gap.
+        """
+        if not self.params.get("replay_endpoint"):
+            return
+        deadline = max(deadline, self.clock() + 0.1)
+        for key in list(self.seqs.streams):
+            stream = self.seqs.streams[key]
+            start = self.seqs.tail_start(key)
+            endpoint = offset_endpoint(self.params["replay_endpoint"], self.stream_socket.get(key, 0))
+            seen = []
+            try:
+                for topic, seq, payload in replay(ctx, endpoint, start, deadline, idle=TAIL_IDLE, clock=self.clock):
+                    if seq < start or (topic is not None and topic != stream["topic"]):
+                        continue
+                    seen.append(seq)
+                    self._decode_replayed(payload, stream["topic"], seq)
+            except (SocketSetupError, MalformedMessage) as exc:
+                self.stats.add_malformed("replay of the tail of stream %s: %s" % (key, exc))
+            self.seqs.record_tail(key, seen)
+
     # -- verdict --------------------------------------------------------------------------
     def judge(self):
         stats = self.stats
-        timeout = float(self.p.get("timeout") or 30.0)
+        timeout = float(self.params.get("timeout") or 30.0)
         where = ", ".join(self.endpoints())
-        bind = self.p.get("socket_mode") == "bind"
+        bind = self.params.get("socket_mode") == "bind"
         if not stats.batches and not stats.malformed:
             if stats.other_topics:
                 others = ", ".join(repr(t) for t in sorted(stats.other_topics))
                 self.fail("No KV events under topic prefix %r arrived on %s within %ss, but messages arrived under topic %s; set topic "
-                          "to match the engine's kv-events topic." % (self.p.get("topic") or "", where, timeout, others))
+                          "to match the engine's kv-events topic." % (self.params.get("topic") or "", where, timeout, others))
             if not any(self.connected):
                 if bind:
                     self.fail("No KV events received on %s within %ss: no publisher connected; the engine must connect to this address "
@@ -326,18 +453,18 @@ class KVEventsCheck:
         if unrepaired:
             missing = sum(g.get("still_missing", g["missing"]) for g in unrepaired)
             first = unrepaired[0]
-            how = ("replay from %s could not supply them%s" % (self.p["replay_endpoint"], " (%s)" % first["error"] if first.get("error") else "")
-                   if self.p.get("replay_endpoint") else "set replay_endpoint to repair gaps through the engine's replay buffer")
+            how = ("replay from %s could not supply them%s" % (self.params["replay_endpoint"], " (%s)" % first["error"] if first.get("error") else "")
+                   if self.params.get("replay_endpoint") else "set replay_endpoint to repair gaps through the engine's replay buffer")
             self.fail("%s left %s missing (first in stream %s, seq %d-%d); %s." % (
                 _plural(len(unrepaired), "sequence gap"), _plural(missing, "batch"), first["stream"], first["start"], first["end"], how))
         if not self.met():
             short = ["%s %d/%d" % (n, stats.counts.get(n, 0), k) for n, k in sorted(self.expect.items()) if stats.counts.get(n, 0) < k]
-            if self.p.get("expect_removed_after_stored") and not stats.removed_after_stored:
+            if self.params.get("expect_removed_after_stored") and not stats.removed_after_stored:
                 short.append("no BlockRemoved for a block stored during the check")
             self.fail("Expectations not met within %ss (%s received): %s." % (timeout, _plural(stats.batches, "batch"), "; ".join(short)))
 
     def write_capture(self):
-        path = self.p.get("capture_path")
+        path = self.params.get("capture_path")
         if not path or self.check_mode:
             return
         try:

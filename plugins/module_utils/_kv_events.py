@@ -5,22 +5,27 @@
 
 # PRIVATE to the inference_cache.substrate collection: the names here may change without notice.
 
-"""Decoder and stream bookkeeping for vLLM / SGLang KV-cache events (pure Python, no Ansible).
+"""Decoder for vLLM / SGLang KV-cache event messages and replay replies (pure Python, no Ansible).
 
 Wire format (vLLM ``ZmqEventPublisher``, SGLang's copy of it):
 ZMQ multipart ``[topic, seq (8 bytes big-endian), msgpack(EventBatch)]``.
 ``EventBatch`` is ``[ts, events, data_parallel_rank]`` (SGLang: ``attn_dp_rank``), or a map.
 Each event is a map with ``"type"`` (vLLM >= 0.24) or a positional array ``["BlockStored", ...]``.
 
-Token content never leaves the decoder unless ``include_token_ids`` is set: ``token_ids`` become
-``token_count`` and ``extra_keys`` (cache salts, multimodal hashes) are dropped.
+Entry point: ``KVDecoder(engine, include_token_ids).decode_frames(frames)`` (a live message) or
+``.decode_payload(payload, topic, seq)`` (a replayed one); both return a batch or raise ``MalformedMessage``.
+The typed fast path (``_kv_wire``) covers vLLM's map-encoded events; the tolerant path takes every other
+shape (positional arrays, SGLang, unknown event types) and reports bad events one by one.
+
+Token content never leaves the decoder unless ``include_token_ids`` is set: token ids are only counted
+(``token_count``) and ``extra_keys`` (cache salts, multimodal hashes) are dropped. Stream tracking
+(sequence gaps, restarts) is in ``_kv_stream``, counting and JSON output in ``_kv_report``.
 """
 
 from __future__ import absolute_import, division, print_function
 
 __metaclass__ = type  # pylint: disable=invalid-name
 
-import json
 import traceback
 
 from . import _kv_wire as wire
@@ -86,7 +91,7 @@ class Event:
 
 
 class DecodedBatch:
-    """One decoded message."""
+    """One message decoded by the tolerant path (the typed path returns ``_kv_wire`` structs with these attributes)."""
 
     __slots__ = ("topic", "seq", "ts", "rank", "events", "batch_format", "event_format", "engine_hint",
                  "unknown", "errors", "fast")
@@ -124,35 +129,6 @@ def seq_to_bytes(seq):
     return int(seq).to_bytes(8, "big")
 
 
-def offset_endpoint(endpoint, rank):
-    """vLLM ``offset_endpoint_port``: tcp port + rank, ipc/inproc suffix ``_dp<rank>``."""
-    if not rank:
-        return endpoint
-    if endpoint.startswith(("ipc://", "inproc://")):
-        return "%s_dp%d" % (endpoint, rank)
-    head, sep, port = endpoint.rpartition(":")
-    if not sep or not port.isdigit():
-        raise ValueError("cannot offset the port of endpoint %r for data-parallel rank %d" % (endpoint, rank))
-    return "%s:%d" % (head, int(port) + rank)
-
-
-def _raw_array_len(raw):
-    """Length of a msgpack array from its header, without decoding it; None for nil, -1 if not an array."""
-    view = memoryview(raw)
-    if not view:
-        return None
-    head = view[0]
-    if 0x90 <= head <= 0x9F:
-        return head & 0x0F
-    if head == 0xDC and len(view) >= 3:
-        return int.from_bytes(view[1:3], "big")
-    if head == 0xDD and len(view) >= 5:
-        return int.from_bytes(view[1:5], "big")
-    if head == 0xC0:
-        return None
-    return -1
-
-
 def _is_int(value):
     return isinstance(value, int) and not isinstance(value, bool)
 
@@ -164,15 +140,23 @@ def _is_hash(value):
 
 
 class KVDecoder:
-    """Decode KV-event messages. ``engine``: auto, vllm or sglang (selects the positional field order)."""
+    """Decode KV-event messages.
 
-    def __init__(self, engine="auto", include_token_ids=False, max_payload=MAX_PAYLOAD):
+    ``engine``: auto, vllm or sglang (sglang selects the SGLang positional field order and skips the typed path).
+    ``include_token_ids``: decode token ids into lists (slower; for consumers that need the tokens, such as a
+    KV-block index); by default they are only counted.
+    ``max_payload``: payloads larger than this many bytes are refused with ``MalformedMessage``.
+    """
+
+    def __init__(self, engine="auto", include_token_ids=False, max_payload=MAX_PAYLOAD, max_topics=1024):
         if not HAS_MSGSPEC:
             raise RuntimeError("the msgspec Python library is required")
         self.engine = engine
         self.include_token_ids = include_token_ids
         self.max_payload = max_payload
-        self._typed = list(wire.TYPED_DECODERS)
+        self.max_topics = max_topics
+        self._forced = None if engine == "auto" else engine
+        self._typed = list(wire.SHAPES_WITH_TOKENS if include_token_ids else wire.SHAPES) if engine != "sglang" else []
         self._topics = {}
 
     # -- messages -------------------------------------------------------------------------
@@ -183,70 +167,32 @@ class KVDecoder:
         topic, seq, payload = frames
         if len(seq) != 8:
             raise MalformedMessage("the sequence frame has %d bytes instead of 8" % len(seq))
-        seq = int.from_bytes(seq, "big")
         name = self._topics.get(topic)
         if name is None:
             name = topic_to_str(topic)
-            if len(self._topics) < 1024:
+            if len(self._topics) < self.max_topics:  # a cache of topic names, bounded
                 self._topics[bytes(topic)] = name
-        if self.engine != "sglang" and len(payload) <= self.max_payload:
-            for idx, (fmt, decoder) in enumerate(self._typed):  # fast path, inlined for the common case
-                try:
-                    raw_batch = decoder.decode(payload)
-                except (wire.DecodeError, wire.ValidationError):
-                    continue
-                if idx:
-                    self._typed.insert(0, self._typed.pop(idx))
-                batch = self._from_typed(raw_batch, fmt, name, seq)
-                if batch is not None:
-                    return batch
-                break
-        return self.decode_payload(payload, name, seq)
+        return self.decode_payload(payload, name, int.from_bytes(seq, "big"))
 
     def decode_payload(self, payload, topic="", seq=None):
+        """Decode one msgpack ``EventBatch`` (a live payload or a replayed one)."""
         if len(payload) > self.max_payload:
             raise MalformedMessage("a payload of %d bytes exceeds the %d-byte limit" % (len(payload), self.max_payload))
-        if self.engine != "sglang":
-            batch = self._decode_typed(payload, topic, seq)
-            if batch is not None:
-                return batch
-        return self._decode_generic(payload, topic, seq)
-
-    # -- fast path ------------------------------------------------------------------------
-    def _decode_typed(self, payload, topic, seq):
         typed = self._typed
-        for idx, (fmt, decoder) in enumerate(typed):
+        for idx, (_fmt, decoder) in enumerate(typed):
             try:
-                raw_batch = decoder.decode(payload)
+                batch = decoder.decode(payload)
             except (wire.DecodeError, wire.ValidationError):
                 continue
             if idx:
                 typed.insert(0, typed.pop(idx))  # the last shape that worked is tried first
-            return self._from_typed(raw_batch, fmt, topic, seq)
-        return None
-
-    def _from_typed(self, raw_batch, fmt, topic, seq):
-        # The typed structs are the events: only redact token ids into a count (no second object per event).
-        events = raw_batch.events
-        include = self.include_token_ids
-        stored_cls = wire.BlockStored
-        for ev in events:
-            if type(ev) is stored_cls:  # pylint: disable=unidiomatic-typecheck
-                count = _raw_array_len(ev.token_ids)
-                if count == -1:
-                    return None  # let the generic path explain it
-                ev.token_ids = wire.TOKEN_DECODER.decode(ev.token_ids) if include and count is not None else None
-                ev.token_count = count
-                ev.extra_keys = None
-                ev.has_cache_salt = False
-        rank = raw_batch.data_parallel_rank
-        hint = "vllm"
-        if fmt == "map" and raw_batch.attn_dp_rank is not None:
-            rank = raw_batch.attn_dp_rank if rank is None else rank
-            hint = "sglang"
-        if self.engine != "auto":
-            hint = self.engine
-        return DecodedBatch(topic, seq, raw_batch.ts, rank, events, fmt, "map" if events else None, hint, None, None, True)
+            # The typed batch is the decoded batch: no per-event work (token ids are counted on demand).
+            batch.topic = topic
+            batch.seq = seq
+            if self._forced:
+                batch.forced_engine = self._forced
+            return batch
+        return self._decode_generic(payload, topic, seq)
 
     # -- tolerant path --------------------------------------------------------------------
     def _decode_generic(self, payload, topic, seq):
@@ -386,188 +332,3 @@ def parse_replay_reply(frames):
     if bytes(seq_frame) == END_SEQ_BYTES or len(payload) == 0:
         return topic, END_SEQ, b"", True
     return topic, seq_from_bytes(seq_frame), payload, False
-
-
-class SequenceTracker:
-    """Per (topic, rank) sequence bookkeeping: first/last seq, gaps, restarts."""
-
-    def __init__(self):
-        self.streams = {}
-        self.gaps = []
-        self.restarts = []
-
-    @staticmethod
-    def key(topic, rank):
-        return "%s#%s" % (topic, 0 if rank is None else rank)
-
-    def observe(self, topic, rank, seq):
-        """Record a live seq. Returns ('first'|'next'|'gap'|'restart'|'duplicate', gap dict or None)."""
-        key = self.key(topic, rank)
-        stream = self.streams.get(key)
-        if stream is None:
-            self.streams[key] = {"topic": topic, "rank": 0 if rank is None else rank, "first": seq, "last": seq, "batches": 1}
-            return "first", None
-        last = stream["last"]
-        stream["batches"] += 1
-        if seq == last + 1:
-            stream["last"] = seq
-            return "next", None
-        if seq > last + 1:
-            gap = {"stream": key, "topic": topic, "rank": stream["rank"], "start": last + 1, "end": seq - 1,
-                   "missing": seq - 1 - last, "repaired": False}
-            self.gaps.append(gap)
-            stream["last"] = seq
-            return "gap", gap
-        if seq == last:
-            return "duplicate", None
-        self.restarts.append({"stream": key, "topic": topic, "rank": stream["rank"], "from": last, "to": seq})
-        stream["last"] = seq
-        gap = None
-        if seq > 0:  # the restarted engine already published batches 0..seq-1 that we did not see
-            gap = {"stream": key, "topic": topic, "rank": stream["rank"], "start": 0, "end": seq - 1, "missing": seq, "repaired": False}
-            self.gaps.append(gap)
-        return "restart", gap
-
-    def facts(self):
-        found = len(self.gaps)
-        repaired = sum(1 for g in self.gaps if g["repaired"])
-        return {
-            "seq": dict((k, {"first": v["first"], "last": v["last"], "batches": v["batches"]}) for k, v in self.streams.items()),
-            "gaps": {"found": found, "repaired": repaired, "unrepaired": found - repaired, "details": self.gaps[:20]},
-            "restarts": self.restarts[:20],
-        }
-
-
-class KVStats:
-    """Aggregate counts over decoded batches (what the check module returns)."""
-
-    def __init__(self, sample_size=3, max_tracked_hashes=1000000):
-        self.counts = dict((t, 0) for t in EVENT_TYPES)
-        self.batches = 0
-        self.stored_blocks = 0
-        self.stored_tokens = 0
-        self.removed_blocks = 0
-        self.block_sizes = set()
-        self.batch_formats = set()
-        self.event_formats = set()
-        self.hash_formats = set()
-        self.engines = set()
-        self.topics = {}
-        self.other_topics = {}
-        self.ranks = set()
-        self.sample = []
-        self.sample_size = sample_size
-        self.malformed = 0
-        self.malformed_reason = None
-        self.unknown_event_types = {}
-        self.stored_hashes = set()
-        self.max_tracked_hashes = max_tracked_hashes
-        self.removed_after_stored = 0
-
-    def add_malformed(self, reason):
-        self.malformed += 1
-        if self.malformed_reason is None:
-            self.malformed_reason = reason
-
-    def add_other_topic(self, topic):
-        self.other_topics[topic] = self.other_topics.get(topic, 0) + 1
-
-    def add_batch(self, batch):
-        self.batches += 1
-        self.topics[batch.topic] = self.topics.get(batch.topic, 0) + 1
-        self.ranks.add(0 if batch.rank is None else batch.rank)
-        self.batch_formats.add(batch.batch_format)
-        if batch.event_format:
-            self.event_formats.add(batch.event_format)
-        if batch.engine_hint:
-            self.engines.add(batch.engine_hint)
-        for name, num in batch.unknown.items():
-            self.unknown_event_types[name] = self.unknown_event_types.get(name, 0) + num
-        for reason in batch.errors:
-            self.add_malformed(reason)
-        counts = self.counts
-        for ev in batch.events:
-            counts[ev.type] += 1
-            hashes = ev.block_hashes
-            if hashes:
-                self.hash_formats.add("bytes" if isinstance(hashes[0], bytes) else "int")
-            if ev.type == "BlockStored":
-                self.stored_blocks += len(hashes)
-                if ev.token_count:
-                    self.stored_tokens += ev.token_count
-                if ev.block_size is not None:
-                    self.block_sizes.add(ev.block_size)
-                if len(self.stored_hashes) < self.max_tracked_hashes:
-                    self.stored_hashes.update(h if isinstance(h, int) else bytes(h) for h in hashes)
-            elif ev.type == "BlockRemoved":
-                self.removed_blocks += len(hashes)
-                stored = self.stored_hashes
-                self.removed_after_stored += sum(1 for h in hashes if (h if isinstance(h, int) else bytes(h)) in stored)
-            if len(self.sample) < self.sample_size:
-                item = ev.to_dict(max_hashes=4)
-                item.pop("token_ids", None)
-                item.update({"topic": batch.topic, "seq": batch.seq, "rank": batch.rank})
-                self.sample.append(item)
-
-    @staticmethod
-    def _one_or_list(values):
-        values = sorted(values, key=str)
-        if not values:
-            return None
-        return values[0] if len(values) == 1 else values
-
-    def engine(self):
-        engines = self.engines
-        if len(engines) == 1:
-            return next(iter(engines))
-        if not engines:
-            return "unknown" if self.batches else None
-        return "+".join(sorted(engines))
-
-    def begin_window(self):
-        """Forget the events counted so far and return how many batches that was.
-
-        What describes the stream (formats, topics, engine, malformed frames) is kept; only the event accounting
-        starts again, so that the counts describe what arrived from now on.
-        """
-        backlog = self.batches
-        fresh = KVStats(self.sample_size, self.max_tracked_hashes)
-        for name in ("counts", "batches", "stored_blocks", "stored_tokens", "removed_blocks", "removed_after_stored",
-                     "block_sizes", "sample", "stored_hashes"):
-            setattr(self, name, getattr(fresh, name))
-        return backlog
-
-    def facts(self):
-        return {
-            "counts": dict(self.counts),
-            "batches": self.batches,
-            "topics": dict(self.topics),
-            "other_topics": dict(self.other_topics),
-            "ranks": sorted(self.ranks),
-            "block_size": self._one_or_list(self.block_sizes),
-            "stored_blocks": self.stored_blocks,
-            "stored_tokens": self.stored_tokens,
-            "removed_blocks": self.removed_blocks,
-            "removed_after_stored": self.removed_after_stored,
-            "wire_format": {
-                "batch": self._one_or_list(self.batch_formats),
-                "events": self._one_or_list(self.event_formats),
-                "hashes": self._one_or_list(self.hash_formats),
-            },
-            "engine": self.engine(),
-            "sample": list(self.sample),
-            "malformed": {"count": self.malformed, "first_reason": self.malformed_reason},
-            "unknown_event_types": dict(self.unknown_event_types),
-        }
-
-
-def batch_json_lines(batch, include_token_ids=False):
-    """One JSON line per event (metadata only unless token ids were opted in)."""
-    lines = []
-    for ev in batch.events:
-        item = {"topic": batch.topic, "seq": batch.seq, "rank": batch.rank, "ts": batch.ts}
-        item.update(ev.to_dict())
-        if not include_token_ids:
-            item.pop("token_ids", None)
-        lines.append(json.dumps(item, sort_keys=True))
-    return lines

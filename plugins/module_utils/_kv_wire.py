@@ -8,9 +8,17 @@
 """Typed msgspec shapes of the KV-event wire format (fast path of the decoder).
 
 This file imports msgspec unconditionally; ``_kv_events`` imports it behind a guard.
-Token ids and extra keys are declared as ``msgspec.Raw``: they are never decoded into Python
-objects unless the caller opts in, which keeps token content out of memory and makes the
-common path faster than a plain typed decode.
+Two families of shapes, chosen by the decoder's ``include_token_ids`` flag:
+
+* ``SHAPES`` (default, the check): token ids are kept as an undecoded ``msgspec.Raw`` slice (their
+  count is read from the msgpack array header on demand) and ``extra_keys`` (cache salts, multimodal
+  hashes) are not declared at all, so msgspec skips them. The decoded batch struct *is* the decoded
+  batch (topic and sequence number are set on it), so the common path does no per-event Python work
+  and is faster than a plain typed decode that builds the token lists.
+* ``SHAPES_WITH_TOKENS`` (opt-in, e.g. a KV-block index that needs the tokens): token ids decoded
+  into ``list[int]``.
+
+Both expose the attributes of ``_kv_events.Event`` / ``_kv_events.DecodedBatch``.
 """
 
 from __future__ import absolute_import, division, print_function
@@ -25,6 +33,23 @@ def hash_to_json(value):
     if isinstance(value, (bytes, bytearray, memoryview)):
         return bytes(value).hex()
     return value
+
+
+def raw_array_len(raw):
+    """Length of a msgpack array from its header, without decoding it; None for nil, -1 if not an array."""
+    view = memoryview(raw)
+    if not view:
+        return None
+    head = view[0]
+    if 0x90 <= head <= 0x9F:
+        return head & 0x0F
+    if head == 0xDC and len(view) >= 3:
+        return int.from_bytes(view[1:3], "big")
+    if head == 0xDD and len(view) >= 5:
+        return int.from_bytes(view[1:5], "big")
+    if head == 0xC0:
+        return None
+    return -1
 
 
 def event_to_dict(ev, max_hashes=None):
@@ -58,32 +83,123 @@ except ImportError:  # the importer (_kv_events) reports it; the module fails wi
     msgspec = None
     HAS_MSGSPEC = False
 
+
+def _batch_shapes(event_union):
+    """The two outer batch encodings, over the given event union."""
+
+    class ArrayBatch(msgspec.Struct, array_like=True, gc=False):
+        """Outer batch as vLLM sends it: ``[ts, events, data_parallel_rank]``; the fields after it are ours.
+
+        A future fourth wire element would land in ``topic``: a non-string fails validation (the tolerant
+        path takes over), a string is overwritten by the decoder.
+        """
+
+        ts: float
+        events: List[event_union]
+        data_parallel_rank: Optional[int] = None
+        topic: str = ""
+        seq: Optional[int] = None
+        forced_engine: Optional[str] = None
+
+        batch_format: ClassVar[str] = "array"
+        unknown: ClassVar[dict] = {}
+        errors: ClassVar[tuple] = ()
+        fast: ClassVar[bool] = True
+
+        @property
+        def rank(self):
+            return self.data_parallel_rank
+
+        @property
+        def event_format(self):
+            return "map" if self.events else None
+
+        @property
+        def engine_hint(self):
+            return self.forced_engine or "vllm"
+
+    class MapBatch(msgspec.Struct, gc=False):
+        """Outer batch encoded as a map (one vLLM revision; SGLang's ``attn_dp_rank``)."""
+
+        ts: float
+        events: List[event_union]
+        data_parallel_rank: Optional[int] = None
+        attn_dp_rank: Optional[int] = None
+        topic: str = ""
+        seq: Optional[int] = None
+        forced_engine: Optional[str] = None
+
+        batch_format: ClassVar[str] = "map"
+        unknown: ClassVar[dict] = {}
+        errors: ClassVar[tuple] = ()
+        fast: ClassVar[bool] = True
+
+        @property
+        def rank(self):
+            return self.attn_dp_rank if self.data_parallel_rank is None else self.data_parallel_rank
+
+        @property
+        def event_format(self):
+            return "map" if self.events else None
+
+        @property
+        def engine_hint(self):
+            if self.forced_engine:
+                return self.forced_engine
+            return "sglang" if self.attn_dp_rank is not None else "vllm"
+
+    return (("array", msgspec.msgpack.Decoder(ArrayBatch)), ("map", msgspec.msgpack.Decoder(MapBatch)))
+
+
 if HAS_MSGSPEC:
     Hash = Union[int, bytes]
     _EMPTY_RAW = msgspec.Raw()
 
-    class BlockStored(msgspec.Struct, tag_field="type", tag=True, gc=False):
-        """vLLM >= 0.24 map-encoded BlockStored (extra fields ignored); also the decoded event itself.
-
-        After decoding, the decoder sets ``token_count`` and replaces ``token_ids`` and ``extra_keys``
-        (undecoded ``Raw`` bytes) with None, or ``token_ids`` with the decoded list when opted in.
-        """
+    class BlockStored(msgspec.Struct, tag_field="type", tag=True, gc=False, rename={"token_raw": "token_ids"}):
+        """vLLM >= 0.24 map-encoded BlockStored, token ids left undecoded, extra keys skipped (extra fields ignored)."""
 
         type: ClassVar[str] = "BlockStored"
+        token_ids: ClassVar[None] = None
+        has_cache_salt: ClassVar[bool] = False
         to_dict = event_to_dict
+
         block_hashes: List[Hash] = []
         parent_block_hash: Optional[Hash] = None
-        token_ids: msgspec.Raw = _EMPTY_RAW
+        token_raw: msgspec.Raw = _EMPTY_RAW
         block_size: Optional[int] = None
         lora_id: Optional[int] = None
         medium: Optional[str] = None
         lora_name: Optional[str] = None
-        extra_keys: msgspec.Raw = _EMPTY_RAW
         group_idx: Optional[int] = None
         kv_cache_spec_kind: Optional[str] = None
         kv_cache_spec_sliding_window: Optional[int] = None
-        token_count: Optional[int] = None
-        has_cache_salt: bool = False
+
+        @property
+        def token_count(self):
+            """Tokens in the block(s), from the array header; None if absent, -1 if ``token_ids`` is not an array."""
+            return raw_array_len(self.token_raw)
+
+    class BlockStoredWithTokens(msgspec.Struct, tag_field="type", tag="BlockStored", gc=False):
+        """The same event with token ids decoded (opt-in); extra keys still skipped."""
+
+        type: ClassVar[str] = "BlockStored"
+        has_cache_salt: ClassVar[bool] = False
+        to_dict = event_to_dict
+
+        block_hashes: List[Hash] = []
+        parent_block_hash: Optional[Hash] = None
+        token_ids: Optional[List[int]] = None
+        block_size: Optional[int] = None
+        lora_id: Optional[int] = None
+        medium: Optional[str] = None
+        lora_name: Optional[str] = None
+        group_idx: Optional[int] = None
+        kv_cache_spec_kind: Optional[str] = None
+        kv_cache_spec_sliding_window: Optional[int] = None
+
+        @property
+        def token_count(self):
+            return None if self.token_ids is None else len(self.token_ids)
 
     class BlockRemoved(msgspec.Struct, tag_field="type", tag=True, gc=False):
         """vLLM >= 0.24 map-encoded BlockRemoved."""
@@ -102,30 +218,9 @@ if HAS_MSGSPEC:
         block_hashes: ClassVar[tuple] = ()
         to_dict = event_to_dict
 
-    MapEvent = Union[BlockStored, BlockRemoved, AllBlocksCleared]
-
-    class ArrayBatchOfMaps(msgspec.Struct, array_like=True, gc=False):
-        """Outer batch as vLLM sends it: ``[ts, events, data_parallel_rank]``."""
-
-        ts: float
-        events: List[MapEvent]
-        data_parallel_rank: Optional[int] = None
-
-    class MapBatchOfMaps(msgspec.Struct, gc=False):
-        """Outer batch encoded as a map (seen in one vLLM revision)."""
-
-        ts: float
-        events: List[MapEvent]
-        data_parallel_rank: Optional[int] = None
-        attn_dp_rank: Optional[int] = None
-
-    TYPED_DECODERS = (
-        ("array", msgspec.msgpack.Decoder(ArrayBatchOfMaps)),
-        ("map", msgspec.msgpack.Decoder(MapBatchOfMaps)),
-    )
+    SHAPES = _batch_shapes(Union[BlockStored, BlockRemoved, AllBlocksCleared])
+    SHAPES_WITH_TOKENS = _batch_shapes(Union[BlockStoredWithTokens, BlockRemoved, AllBlocksCleared])
     GENERIC_DECODER = msgspec.msgpack.Decoder()
-    TOKEN_DECODER = msgspec.msgpack.Decoder(List[int])
     DecodeError = msgspec.DecodeError
     ValidationError = msgspec.ValidationError
-    Raw = msgspec.Raw
     encode = msgspec.msgpack.encode

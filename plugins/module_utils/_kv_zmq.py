@@ -5,19 +5,19 @@
 
 # PRIVATE to the inference_cache.substrate collection: the names here may change without notice.
 
-"""ZMQ side of the KV-event tools (pure Python, no Ansible): sockets, replay client, synthetic publisher.
+"""ZMQ side of the KV-event check (pure Python, no Ansible): endpoints, sockets and the replay client.
 
-The synthetic publisher emits real-shaped vLLM (map or array events) and SGLang frames, keeps a replay
-buffer behind a ROUTER socket exactly like vLLM's ``ZmqEventPublisher``, and can inject gaps and restarts.
+``open_socket`` creates a monitored SUB (or any other) socket with bounded queues and frame size;
+``replay(ctx, endpoint, start_seq, deadline)`` asks a vLLM / SGLang replay ROUTER for the batches from
+``start_seq`` on and yields ``(topic, seq, payload)``. The synthetic publisher used by the tests and
+``tools/kv_events_publish.py`` lives in ``tools/_kv_synthetic.py``, outside the module payload.
 """
 
 from __future__ import absolute_import, division, print_function
 
 __metaclass__ = type  # pylint: disable=invalid-name
 
-import collections
 import errno
-import hashlib
 import time
 import traceback
 
@@ -32,14 +32,28 @@ except ImportError:  # pragma: no cover - exercised by the module's missing_requ
     HAS_ZMQ = False
     ZMQ_IMPORT_ERROR = traceback.format_exc()
 
-from ._kv_events import END_SEQ_BYTES, parse_replay_reply, seq_to_bytes, wire
+from ._kv_events import MAX_PAYLOAD, parse_replay_reply, seq_to_bytes
 
-WIRE_FORMATS = ("vllm-map", "vllm-array", "sglang")
 PEER_EVENTS = ("EVENT_CONNECTED", "EVENT_ACCEPTED", "EVENT_HANDSHAKE_SUCCEEDED")
+# Largest inbound frame accepted (ZMQ_MAXMSGSIZE): a bigger one makes libzmq drop the connection instead of
+# allocating it; the decoder refuses payloads above MAX_PAYLOAD anyway.
+MAX_FRAME = MAX_PAYLOAD + 65536
 
 
 class SocketSetupError(Exception):
     """Cannot bind/connect: one-sentence reason."""
+
+
+def offset_endpoint(endpoint, rank):
+    """vLLM ``offset_endpoint_port``: tcp port + rank, ipc/inproc suffix ``_dp<rank>``."""
+    if not rank:
+        return endpoint
+    if endpoint.startswith(("ipc://", "inproc://")):
+        return "%s_dp%d" % (endpoint, rank)
+    head, sep, port = endpoint.rpartition(":")
+    if not sep or not port.isdigit():
+        raise ValueError("cannot offset the port of endpoint %r for data-parallel rank %d" % (endpoint, rank))
+    return "%s:%d" % (head, int(port) + rank)
 
 
 def describe_zmq_error(exc, endpoint, bind):
@@ -61,20 +75,32 @@ def peer_event_mask():
     return mask
 
 
-def open_socket(ctx, kind, endpoint, bind, monitor=False, hwm=100000):
-    """Create, optionally monitor, then bind or connect a socket. Returns (socket, monitor or None)."""
+def open_socket(ctx, kind, endpoint, bind, monitor=False, hwm=100000, max_frame=MAX_FRAME):
+    """Create, optionally monitor, then bind or connect a socket. Returns (socket, monitor or None).
+
+    Inbound frames larger than ``max_frame`` bytes make libzmq drop that connection (``ZMQ_MAXMSGSIZE``).
+    """
     if not bind and "*" in endpoint:
         raise SocketSetupError("Cannot connect to %s: an endpoint with '*' can only be bound; with socket_mode=connect give the "
                                "engine's address (e.g. tcp://127.0.0.1:5557), or set socket_mode=bind." % endpoint)
-    sock = ctx.socket(kind)
+    try:
+        sock = ctx.socket(kind)
+    except zmq.ZMQError as exc:  # e.g. EMFILE: too many sockets or open files
+        raise SocketSetupError("Cannot open a ZMQ socket for %s: %s." % (endpoint, exc.strerror or exc))
     sock.setsockopt(zmq.LINGER, 0)
+    if max_frame and kind in (zmq.SUB, zmq.DEALER):
+        sock.setsockopt(zmq.MAXMSGSIZE, max_frame)
     if kind == zmq.SUB:
         sock.setsockopt(zmq.RCVHWM, hwm)
         sock.setsockopt(zmq.SUBSCRIBE, b"")
+    elif kind == zmq.DEALER:  # room for a whole replay answer: the engine's ROUTER drops what does not fit
+        sock.setsockopt(zmq.RCVHWM, hwm)
     elif kind in (zmq.PUB, zmq.XPUB):
         sock.setsockopt(zmq.SNDHWM, hwm)
-    mon = sock.get_monitor_socket(peer_event_mask()) if monitor else None
+    mon = None
     try:
+        if monitor:
+            mon = sock.get_monitor_socket(peer_event_mask())
         if bind:
             sock.bind(endpoint)
         else:
@@ -125,173 +151,3 @@ def replay(ctx, endpoint, start_seq, deadline, idle=2.0, clock=time.monotonic):
             yield topic, seq, payload
     finally:
         sock.close(0)
-
-
-def _hash(step, idx, kind):
-    digest = hashlib.sha256(("%d/%d" % (step, idx)).encode()).digest()
-    if kind == "bytes":
-        return digest
-    return int.from_bytes(digest[-8:], "big")  # uint64, often above the int64 range
-
-
-def synthetic_events(fmt, step, block_size=16, blocks=2, hash_kind="int", removed=True, unknown=False, salted=False):
-    """Real-shaped events for one engine step (wire objects ready for msgpack)."""
-    hashes = [_hash(step, i, hash_kind) for i in range(blocks)]
-    parent = _hash(step - 1, blocks - 1, hash_kind) if step else None
-    tokens = list(range(step * blocks * block_size, (step + 1) * blocks * block_size))
-    old = [_hash(step - 2, 0, hash_kind)] if removed and step >= 2 and step % 2 == 0 else None
-    events = []
-    if fmt == "vllm-map":
-        events.append({"type": "BlockStored", "block_hashes": hashes, "parent_block_hash": parent, "token_ids": tokens,
-                       "block_size": block_size, "lora_id": None, "medium": "GPU", "lora_name": None,
-                       "extra_keys": [None] * blocks, "group_idx": 0, "kv_cache_spec_kind": "full_attention",
-                       "locality": "local", "ownership": None})
-        if old:
-            events.append({"type": "BlockRemoved", "block_hashes": old, "medium": "GPU", "group_idx": 0})
-        if unknown:
-            events.append({"type": "FutureEvent", "whatever": 1})
-    elif fmt == "vllm-array":
-        events.append(["BlockStored", hashes, parent, tokens, block_size, None, "GPU"])
-        if old:
-            events.append(["BlockRemoved", old, "GPU"])
-        if unknown:
-            events.append(["FutureEvent", 1])
-    elif fmt == "sglang":
-        stored = ["BlockStored", hashes, parent, tokens, block_size, None, "GPU"]
-        if salted:
-            stored.append({"cache_salt": "salt-%d" % step})
-        events.append(stored)
-        if old:
-            events.append(["BlockRemoved", old, "GPU"])
-        if unknown:
-            events.append(["FutureEvent", 1])
-    else:
-        raise ValueError("unknown wire format %r; use one of %s" % (fmt, ", ".join(WIRE_FORMATS)))
-    return events
-
-
-def encode_batch(events, ts=None, rank=0, batch_format="array", rank_key="data_parallel_rank"):
-    ts = time.time() if ts is None else ts
-    if batch_format == "map":
-        return wire.encode({"ts": ts, "events": events, rank_key: rank})
-    return wire.encode([ts, events, rank])
-
-
-class SyntheticPublisher:
-    """A stand-in for vLLM's ZmqEventPublisher (PUB + replay ROUTER), for tests and demos.
-
-    It uses an XPUB socket (SUB-compatible) so it can wait until a subscriber's subscription arrived.
-    ``drop`` publishes into the replay buffer without sending (a repairable gap, like an HWM drop);
-    ``skip`` advances the sequence without buffering (an unrepairable gap); ``restart`` resets seq to 0.
-    """
-
-    def __init__(self, endpoint, bind=True, replay_endpoint=None, topic="", wire_format="vllm-map", hash_kind="int",
-                 block_size=16, rank=0, replay_topic=True, batch_format="array", buffer_steps=10000, ctx=None):
-        self.ctx = ctx or zmq.Context.instance()
-        self.endpoint = endpoint
-        self.bind = bind
-        self.topic = topic.encode() if isinstance(topic, str) else topic
-        self.wire_format = wire_format
-        self.hash_kind = hash_kind
-        self.block_size = block_size
-        self.rank = rank
-        self.replay_topic = replay_topic
-        self.batch_format = batch_format
-        self.seq = 0
-        self.step = 0
-        self.sent = 0
-        self.buffer = collections.deque(maxlen=buffer_steps)
-        self.pub, _mon = open_socket(self.ctx, zmq.XPUB, endpoint, bind)
-        self.router = None
-        if replay_endpoint:
-            self.router, _mon = open_socket(self.ctx, zmq.ROUTER, replay_endpoint, bind=True)
-
-    def wait_subscriber(self, timeout, clock=time.monotonic):
-        """Wait for a subscription message on the XPUB socket; True if one arrived."""
-        deadline = clock() + timeout
-        while clock() < deadline:
-            self.serve_replay(0.05)
-            if self.pub.poll(50, zmq.POLLIN):
-                msg = self.pub.recv()
-                if msg[:1] == b"\x01":
-                    return True
-        return False
-
-    def next_payload(self, **kwargs):
-        events = synthetic_events(self.wire_format, self.step, self.block_size, hash_kind=self.hash_kind, **kwargs)
-        rank_key = "attn_dp_rank" if self.wire_format == "sglang" else "data_parallel_rank"
-        self.step += 1
-        return encode_batch(events, rank=self.rank, batch_format=self.batch_format, rank_key=rank_key)
-
-    def publish(self, payload=None, drop=False, skip=0, **kwargs):
-        """Publish one batch; returns its seq."""
-        self.seq += skip
-        if payload is None:
-            payload = self.next_payload(**kwargs)
-        seq = self.seq
-        self.seq += 1
-        self.buffer.append((seq, payload))
-        if not drop:
-            self.pub.send_multipart([self.topic, seq_to_bytes(seq), payload])
-            self.sent += 1
-        return seq
-
-    def send_raw(self, frames):
-        """Send arbitrary frames (malformed-input tests)."""
-        self.pub.send_multipart(frames)
-
-    def restart(self):
-        """Behave like a restarted engine: seq back to 0, replay buffer emptied."""
-        self.seq = 0
-        self.step = 0
-        self.buffer.clear()
-
-    def serve_replay(self, timeout=0.0):
-        """Answer pending replay requests (like vLLM's publisher thread)."""
-        if self.router is None:
-            if timeout > 0:
-                time.sleep(timeout)
-            return 0
-        served = 0
-        while self.router.poll(int(timeout * 1000), zmq.POLLIN):
-            timeout = 0
-            frames = self.router.recv_multipart()
-            if len(frames) != 3:
-                continue  # vLLM logs "Invalid replay request" and ignores it
-            ident, start = frames[0], int.from_bytes(frames[2], "big")
-            for seq, payload in list(self.buffer):
-                if seq >= start:
-                    head = [ident, b"", self.topic] if self.replay_topic else [ident, b""]
-                    self.router.send_multipart(head + [seq_to_bytes(seq), payload])
-            head = [ident, b"", b""] if self.replay_topic else [ident, b""]
-            self.router.send_multipart(head + [END_SEQ_BYTES, b""])
-            served += 1
-        return served
-
-    def run(self, count=10, interval=0.05, drop_at=(), skip_at=(), restart_at=(), unknown_at=(), malformed_at=(),
-            wait_subscriber=0.0, linger=0.0, duration=None, stop=None, clock=time.monotonic):
-        """Publish ``count`` batches (bounded by ``duration``), serving replay between them."""
-        start = clock()
-        end = start + duration if duration else None
-        if wait_subscriber:
-            self.wait_subscriber(wait_subscriber, clock)
-        for i in range(count):
-            if (end and clock() >= end) or (stop is not None and stop.is_set()):
-                break
-            if i in restart_at:
-                self.restart()
-            if i in malformed_at:
-                self.send_raw([self.topic, seq_to_bytes(self.seq), b"\xc1garbage"])
-                self.seq += 1
-            else:
-                self.publish(drop=i in drop_at, skip=1 if i in skip_at else 0, unknown=i in unknown_at)
-            self.serve_replay(interval)
-        until = clock() + linger
-        while clock() < until and not (stop is not None and stop.is_set()) and not (end and clock() >= end):
-            self.serve_replay(0.05)
-        return self.sent
-
-    def close(self):
-        for sock in (self.pub, self.router):
-            if sock is not None:
-                sock.close(0)

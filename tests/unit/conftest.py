@@ -59,11 +59,11 @@ class PublisherThread(object):
 def publisher(zctx):
     """publisher(endpoint, bind=..., replay_endpoint=..., count=..., **run kwargs) -> context manager running it in a thread."""
 
-    from ansible_collections.inference_cache.substrate.plugins.module_utils import _kv_zmq as kvz  # pylint: disable=import-outside-toplevel
+    from ansible_collections.inference_cache.substrate.tools import _kv_synthetic as synth  # pylint: disable=import-outside-toplevel
 
     def make(endpoint, bind=True, replay_endpoint=None, topic="", wire_format="vllm-map", replay_topic=True, rank=0,
              hash_kind="int", **run_kwargs):
-        pub = kvz.SyntheticPublisher(endpoint, bind=bind, replay_endpoint=replay_endpoint, topic=topic, wire_format=wire_format,
+        pub = synth.SyntheticPublisher(endpoint, bind=bind, replay_endpoint=replay_endpoint, topic=topic, wire_format=wire_format,
                                      replay_topic=replay_topic, rank=rank, hash_kind=hash_kind, ctx=zctx)
         run_kwargs.setdefault("count", 6)
         run_kwargs.setdefault("interval", 0.02)

@@ -19,6 +19,7 @@ from ansible_collections.inference_cache.substrate.plugins.module_utils._kv_chec
     CHECK_ARG_SPEC, CheckFailed, KVEventsCheck, send_trigger)
 from ansible_collections.inference_cache.substrate.plugins.module_utils._openai_http import OpenAIHTTPError
 from ansible_collections.inference_cache.substrate.tests.unit.plugins.net_utils import free_port
+from ansible_collections.inference_cache.substrate.tests.unit.plugins.sentences import assert_one_sentence
 
 
 def params(**kw):
@@ -35,7 +36,7 @@ def run(zctx, **kw):
 def fail(zctx, **kw):
     with pytest.raises(CheckFailed) as info:
         run(zctx, **kw)
-    assert info.value.msg.count(". ") == 0 or info.value.msg.endswith(".")  # one sentence
+    assert_one_sentence(info.value.msg)
     assert info.value.facts["changed"] is False
     return info.value
 
@@ -157,16 +158,45 @@ def test_connect_to_wildcard_refused(zctx):
     assert "an endpoint with '*' can only be bound" in exc.msg
 
 
-@pytest.mark.parametrize("kw,msg", [
+INVALID = [
     ({"expect": {"BlockStoredX": 1}}, "expect names an unknown event type 'BlockStoredX'"),
-    ({"expect": {"BlockStored": -1}}, "expect.BlockStored must be a non-negative integer"),
-    ({"data_parallel_size": 0}, "data_parallel_size must be at least 1."),
-    ({"timeout": 0}, "timeout must be a positive number of seconds."),
+    ({"expect": {"BlockStored": -1}}, "expect.BlockStored must be a non-negative integer (at most 1000000000), got -1."),
+    ({"expect": {"BlockStored": "many"}}, "expect.BlockStored must be a non-negative integer"),
+    ({"expect": {"BlockStored": 1.5}}, "expect.BlockStored must be a non-negative integer"),
+    ({"expect": ["BlockStored"]}, "expect must be a mapping of event type to minimum count"),
+    ({"data_parallel_size": 0}, "data_parallel_size must be between 1 and 64, got 0."),
+    ({"data_parallel_size": 100000}, "data_parallel_size must be between 1 and 64, got 100000."),
+    ({"data_parallel_size": "2"}, "data_parallel_size must be an integer between 1 and 64, got '2'."),
+    ({"timeout": 0}, "timeout must be a positive number of seconds (at most 86400.0), got 0."),
+    ({"timeout": -3}, "timeout must be a positive number of seconds"),
+    ({"timeout": float("nan")}, "timeout must be a number between 0.0 and 86400.0, got nan."),
+    ({"timeout": float("inf")}, "timeout must be a number between 0.0 and 86400.0, got inf."),
+    ({"timeout": 1e9}, "timeout must be between 0.0 and 86400.0, got 1000000000.0."),
+    ({"settle": -1.0}, "settle must be between 0.0 and 3600.0, got -1.0."),
+    ({"settle": [1]}, "settle must be a number between 0.0 and 3600.0, got [1]."),
+    ({"endpoint": "localhost:5557"}, "endpoint must be a ZMQ endpoint such as tcp://HOST:PORT"),
+    ({"endpoint": ["tcp://h:1"]}, "endpoint must be a ZMQ endpoint"),
+    ({"replay_endpoint": "5558"}, "replay_endpoint must be a ZMQ endpoint"),
+    ({"socket_mode": "both"}, "socket_mode must be one of connect, bind, got 'both'."),
+    ({"engine": "trt"}, "engine must be one of auto, vllm, sglang, got 'trt'."),
+    ({"topic": 5}, "topic must be a string, got 5."),
+    ({"include_token_ids": "yes"}, "include_token_ids must be true or false"),
+    ({"trigger": "http://x"}, "trigger must be a mapping with at least a url"),
+    ({"trigger": {"url": "ftp://x"}}, "trigger.url must be an http:// or https:// URL"),
+    ({"trigger": {"url": "http://x", "max_tokens": 0}}, "trigger.max_tokens must be between 1 and 1000000, got 0."),
+    ({"trigger": {"url": "http://x", "delay": -1}}, "trigger.delay must be between 0.0 and 3600.0, got -1."),
+    ({"trigger": {"url": "http://x", "headers": ["a"]}}, "trigger.headers must be a mapping of header names to strings."),
+    ({"trigger": {"url": "http://x", "model": 3}}, "trigger.model must be a string."),
     ({"data_parallel_size": 2, "endpoint": "tcp://host"}, "Cannot offset the port"),
-])
+]
+
+
+@pytest.mark.parametrize("kw,msg", INVALID, ids=[str(sorted(k.items())) for k, _m in INVALID])
 def test_invalid_parameters(zctx, kw, msg):
     kw.setdefault("endpoint", "inproc://nothing")
-    assert msg in fail(zctx, **kw).msg
+    exc = fail(zctx, **kw)
+    assert msg in exc.msg
+    assert exc.facts["elapsed"] < 0.5  # refused before any socket waits
 
 
 def test_data_parallel_ranks(zctx, publisher):

@@ -17,7 +17,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ansible_collections.inference_cache.substrate.plugins.module_utils import _kv_events as kv
+from ansible_collections.inference_cache.substrate.plugins.module_utils import _kv_report as report
+from ansible_collections.inference_cache.substrate.plugins.module_utils import _kv_stream as stream
 from ansible_collections.inference_cache.substrate.plugins.module_utils import _kv_zmq as kvz
+from ansible_collections.inference_cache.substrate.tools import _kv_synthetic as synth
 
 ENC = msgspec.msgpack.encode
 BIG = (1 << 64) - 5  # above the int64 range
@@ -179,10 +182,14 @@ MALFORMED_EVENTS = [
 
 
 @pytest.mark.parametrize("event,reason", [c[1:] for c in MALFORMED_EVENTS], ids=[c[0] for c in MALFORMED_EVENTS])
-def test_malformed_events_reported_and_others_kept(dec, event, reason):
-    batch = dec.decode_payload(ENC([1, [event, VLLM_MAP_STORED], 0]))
-    assert len(batch.errors) == 1 and reason in batch.errors[0]
-    assert [e.type for e in batch.events] == ["BlockStored"]
+@pytest.mark.parametrize("include_token_ids", [False, True], ids=["tokens-counted", "tokens-decoded"])
+def test_malformed_events_reported_and_others_kept(event, reason, include_token_ids):
+    # The typed path counts token ids on demand, so a token_ids that is not an array shows when the batch is counted.
+    stats = report.KVStats()
+    stats.add_batch(kv.KVDecoder(include_token_ids=include_token_ids).decode_payload(ENC([1, [event, VLLM_MAP_STORED], 0])))
+    facts = stats.facts()
+    assert facts["malformed"]["count"] == 1 and reason in facts["malformed"]["first_reason"]
+    assert facts["counts"] == {"BlockStored": 1, "BlockRemoved": 0, "AllBlocksCleared": 0} and facts["stored_tokens"] == 32
 
 
 @settings(max_examples=300, deadline=None)
@@ -210,13 +217,13 @@ def test_random_msgpack_structures_never_crash(obj):
         batch = kv.KVDecoder().decode_payload(ENC(obj))
     except kv.MalformedMessage:
         return
-    stats = kv.KVStats()
+    stats = report.KVStats()
     stats.add_batch(batch)
     json.dumps(stats.facts())
 
 
 def test_begin_window_sets_the_backlog_aside(dec):
-    stats = kv.KVStats()
+    stats = report.KVStats()
     stats.add_batch(dec.decode_frames(frames(ENC([1.0, [VLLM_MAP_STORED], 0]), seq=0)))
     stats.add_batch(dec.decode_frames(frames(ENC([1.1, [VLLM_MAP_STORED], 0]), seq=1)))
     stats.add_malformed("first reason")
@@ -252,7 +259,7 @@ def test_replay_reply_malformed(reply):
 
 # --- sequence bookkeeping -----------------------------------------------------------------------
 def test_sequence_gaps_restarts_duplicates():
-    tr = kv.SequenceTracker()
+    tr = stream.SequenceTracker()
     assert tr.observe("t", 0, 5)[0] == "first"  # joined late: not a gap
     assert tr.observe("t", 0, 6)[0] == "next"
     state, gap = tr.observe("t", 0, 9)
@@ -265,12 +272,12 @@ def test_sequence_gaps_restarts_duplicates():
     assert state == "gap" and (gap["start"], gap["end"]) == (1, 1)
     facts = tr.facts()
     assert facts["gaps"]["found"] == 2 and facts["gaps"]["unrepaired"] == 2
-    assert facts["seq"]["t#0"] == {"first": 5, "last": 2, "batches": 6}
+    assert facts["seq"]["t#0"] == {"first": 5, "last": 2, "batches": 5}  # the duplicate is not a batch
     assert facts["restarts"] == [{"stream": "t#0", "topic": "t", "rank": 0, "from": 9, "to": 0}]
 
 
 def test_restart_with_missed_start_is_a_gap():
-    tr = kv.SequenceTracker()
+    tr = stream.SequenceTracker()
     tr.observe("t", 0, 10)
     state, gap = tr.observe("t", 0, 3)
     assert state == "restart" and (gap["start"], gap["end"]) == (0, 2)
@@ -278,7 +285,7 @@ def test_restart_with_missed_start_is_a_gap():
 
 def test_stats_facts():
     dec = kv.KVDecoder()
-    stats = kv.KVStats()
+    stats = report.KVStats()
     stats.add_batch(dec.decode_frames(frames(ENC([1, [VLLM_MAP_STORED], 0]), topic=b"a")))
     stats.add_batch(dec.decode_frames(frames(ENC([1, [{"type": "BlockRemoved", "block_hashes": [BIG], "medium": "GPU"}], 1]))))
     stats.add_batch(dec.decode_frames(frames(ENC([1, [dict(VLLM_MAP_STORED, block_size=32, block_hashes=[BYTES_HASH])], 0]))))
@@ -295,18 +302,18 @@ def test_stats_facts():
 
 
 def test_offset_endpoint():
-    assert kv.offset_endpoint("tcp://*:5557", 0) == "tcp://*:5557"
-    assert kv.offset_endpoint("tcp://*:5557", 2) == "tcp://*:5559"
-    assert kv.offset_endpoint("ipc:///tmp/kv", 1) == "ipc:///tmp/kv_dp1"
+    assert kvz.offset_endpoint("tcp://*:5557", 0) == "tcp://*:5557"
+    assert kvz.offset_endpoint("tcp://*:5557", 2) == "tcp://*:5559"
+    assert kvz.offset_endpoint("ipc:///tmp/kv", 1) == "ipc:///tmp/kv_dp1"
     with pytest.raises(ValueError):
-        kv.offset_endpoint("tcp://host", 1)
+        kvz.offset_endpoint("tcp://host", 1)
 
 
-@pytest.mark.parametrize("fmt", kvz.WIRE_FORMATS)
+@pytest.mark.parametrize("fmt", synth.WIRE_FORMATS)
 @pytest.mark.parametrize("hash_kind", ["int", "bytes"])
 def test_synthetic_publisher_payloads_decode(fmt, hash_kind):
     dec = kv.KVDecoder()
-    payload = kvz.encode_batch(kvz.synthetic_events(fmt, 4, hash_kind=hash_kind, salted=True), rank=1)
+    payload = synth.encode_batch(synth.synthetic_events(fmt, 4, hash_kind=hash_kind, salted=True), rank=1)
     batch = dec.decode_payload(payload)
     assert [e.type for e in batch.events] == ["BlockStored", "BlockRemoved"]
     assert batch.rank == 1 and not batch.errors
