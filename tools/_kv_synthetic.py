@@ -185,8 +185,13 @@ class SyntheticPublisher:
         return served
 
     def run(self, count=10, interval=0.05, drop_at=(), skip_at=(), restart_at=(), unknown_at=(), malformed_at=(),
-            wait_subscriber=0.0, linger=0.0, duration=None, stop=None, clock=time.monotonic, drop_tail=0):
-        """Publish ``count`` batches (bounded by ``duration``), serving replay between them."""
+            wait_subscriber=0.0, linger=0.0, duration=None, stop=None, clock=time.monotonic, drop_tail=0, payload=None,
+            hold_at=None, hold=None):
+        """Publish ``count`` batches (bounded by ``duration``), serving replay between them.
+
+        ``payload``: send these bytes as every batch instead of generated events. ``hold_at``/``hold``: before batch
+        ``hold_at``, wait (at most 10 s, serving replay) until the ``threading.Event`` ``hold`` is set.
+        """
         start = clock()
         end = start + duration if duration else None
         if wait_subscriber:
@@ -194,13 +199,18 @@ class SyntheticPublisher:
         for i in range(count):
             if (end and clock() >= end) or (stop is not None and stop.is_set()):
                 break
+            if i == hold_at and hold is not None:
+                held_until = clock() + 10.0
+                while not hold.is_set() and clock() < held_until and not (stop is not None and stop.is_set()):
+                    self.serve_replay(0.02)
             if i in restart_at:
                 self.restart()
             if i in malformed_at:
                 self.send_raw([self.topic, seq_to_bytes(self.seq), b"\xc1garbage"])
                 self.seq += 1
             else:
-                self.publish(drop=i in drop_at or i >= count - drop_tail, skip=1 if i in skip_at else 0, unknown=i in unknown_at)
+                self.publish(payload=payload, drop=i in drop_at or i >= count - drop_tail, skip=1 if i in skip_at else 0,
+                             unknown=i in unknown_at)
             self.serve_replay(interval)
         until = clock() + linger
         while clock() < until and not (stop is not None and stop.is_set()) and not (end and clock() >= end):

@@ -10,6 +10,8 @@ from __future__ import absolute_import, division, print_function
 __metaclass__ = type  # pylint: disable=invalid-name
 
 import json
+import re
+import threading
 
 import pytest
 import zmq
@@ -20,6 +22,7 @@ from ansible_collections.inference_cache.substrate.plugins.module_utils._kv_chec
 from ansible_collections.inference_cache.substrate.plugins.module_utils._openai_http import OpenAIHTTPError
 from ansible_collections.inference_cache.substrate.tests.unit.plugins.net_utils import free_port
 from ansible_collections.inference_cache.substrate.tests.unit.plugins.sentences import assert_one_sentence
+from ansible_collections.inference_cache.substrate.tools import _kv_synthetic as synth
 
 
 def params(**kw):
@@ -33,10 +36,19 @@ def run(zctx, **kw):
     return KVEventsCheck(params(**kw), ctx=zctx).run()
 
 
+# One sentence: one line with no Python error text (the shared helper), ending with its only full stop.
+SENTENCE_BREAK = re.compile(r"[.!?]\s+[A-Z]")
+
+
+def one_sentence(msg):
+    assert_one_sentence(msg)
+    assert msg.endswith(".") and not SENTENCE_BREAK.search(msg), "not one sentence: %r" % msg
+
+
 def fail(zctx, **kw):
     with pytest.raises(CheckFailed) as info:
         run(zctx, **kw)
-    assert_one_sentence(info.value.msg)
+    one_sentence(info.value.msg)
     assert info.value.facts["changed"] is False
     return info.value
 
@@ -300,3 +312,56 @@ def test_capture_path_unwritable(zctx, inproc, publisher, tmp_path):
     with publisher(inproc[0], count=1):
         exc = fail(zctx, endpoint=inproc[0], capture_path=str(tmp_path / "missing" / "x.jsonl"))
     assert exc.msg.startswith("Cannot write capture_path")
+
+
+# -- the tail of a burst ------------------------------------------------------------------------------------------
+def test_tail_of_a_burst_repaired_through_replay(zctx, inproc, publisher):
+    # The last 3 of 8 batches are dropped (as at a high-water mark): no later batch reveals the gap.
+    with publisher(inproc[0], replay_endpoint=inproc[1], count=8, drop_tail=3):
+        facts = run(zctx, endpoint=inproc[0], replay_endpoint=inproc[1], expect={"BlockStored": 8})
+    assert facts["batches"] == 8 and facts["counts"]["BlockStored"] == 8
+    assert facts["seq"] == {"#0": {"first": 0, "last": 7, "batches": 8}}
+    assert facts["gaps"]["found"] == 1 and facts["gaps"]["unrepaired"] == 0
+    assert facts["gaps"]["tail"] == {"found": 1, "batches": 3}
+    assert facts["gaps"]["details"][0]["tail"] is True and (facts["gaps"]["details"][0]["start"], facts["gaps"]["details"][0]["end"]) == (5, 7)
+
+
+def test_tail_of_a_burst_lost_without_replay(zctx, inproc, publisher):
+    with publisher(inproc[0], count=8, drop_tail=3):
+        exc = fail(zctx, endpoint=inproc[0], expect={"BlockStored": 8}, timeout=1.5)
+    assert "Expectations not met within 1.5s (5 batches received): BlockStored 5/8." in exc.msg
+
+
+def test_tail_fetched_before_reporting_when_expectations_are_met(zctx, inproc, publisher):
+    with publisher(inproc[0], replay_endpoint=inproc[1], count=8, drop_tail=3):
+        facts = run(zctx, endpoint=inproc[0], replay_endpoint=inproc[1], expect={"BlockStored": 5}, settle=0.3)
+    assert facts["batches"] == 8 and facts["gaps"]["tail"] == {"found": 1, "batches": 3}
+
+
+# -- mutants that must be caught ----------------------------------------------------------------------------------
+def test_default_expectation_requires_a_block_stored(zctx, inproc, publisher):
+    # Batches arrive, but none stores a block: the default expect (BlockStored: 1) is not met.
+    cleared = synth.encode_batch([{"type": "AllBlocksCleared"}])
+    with publisher(inproc[0], count=3, payload=cleared):
+        exc = fail(zctx, endpoint=inproc[0], timeout=1.0)  # expect left at its default
+    assert exc.msg == "Expectations not met within 1.0s (3 batches received): BlockStored 0/1."
+
+
+def test_bind_mode_sets_the_backlog_aside(zctx, inproc, publisher):
+    # A connecting engine delivers what it queued before the trigger; only what follows the trigger counts.
+    hold = threading.Event()
+    calls = []
+    client = fake_client({"/v1/completions": {"usage": {"prompt_tokens": 40}}}, calls)
+
+    class Trigger(client):  # the request makes the publisher send its remaining batches
+        def post_json(self, path, body):
+            hold.set()
+            return client.post_json(self, path, body)
+
+    check = KVEventsCheck(params(endpoint=inproc[0], socket_mode="bind", expect={"BlockStored": 2},
+                                 trigger={"url": "http://x", "model": "m", "delay": 0.3}), ctx=zctx, client_class=Trigger)
+    with publisher(inproc[0], bind=False, count=5, hold_at=3, hold=hold):
+        facts = check.run()
+    assert facts["trigger"]["sent"] is True
+    assert facts["backlog_batches"] == 3
+    assert facts["batches"] == 2 and facts["counts"]["BlockStored"] == 2
