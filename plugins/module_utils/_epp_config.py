@@ -21,6 +21,8 @@ from __future__ import absolute_import, division, print_function
 
 __metaclass__ = type  # pylint: disable=invalid-name
 
+import re
+
 try:
     from ._epp_plugins import CONFIG_SCHEMA, DEFAULT_ROUTER_VERSION, FEATURE_GATES, PLUGINS, REMOVED_OR_LATER, ROUTER_VERSIONS, SEMANTICS
     from ._epp_schema import show, type_name, validate
@@ -77,6 +79,12 @@ class EppConfigResult(object):
     def ok(self):
         return not self.problems
 
+    def finish(self):
+        """Make every sentence one line, whatever the input held."""
+        for found in (self.problems, self.deprecations, self.warnings):
+            found[:] = [_one_line(sentence) for sentence in found]
+        return self
+
     def as_dict(self):
         return {"ok": self.ok, "problems": list(self.problems), "deprecations": list(self.deprecations),
                 "warnings": list(self.warnings), "summary": dict(self.summary), "router_version": self.router_version}
@@ -86,9 +94,17 @@ def _is_mapping(value):
     return isinstance(value, dict)
 
 
+_PLAIN_NAME = re.compile(r"^[A-Za-z0-9_.$@/:+()-]{1,80}$")
+
+
 def _text(value):
-    """A config value used as a name in a sentence: strings as they are, anything else shortened."""
-    return value if isinstance(value, str) else show(value)
+    """A config value used as a name in a sentence: plain names as they are, anything else quoted and shortened."""
+    return value if isinstance(value, str) and _PLAIN_NAME.match(value) else show(value)
+
+
+def _one_line(sentence):
+    """The last guard of 'one sentence on one line': control characters from the input are escaped."""
+    return "".join(ch if ch >= " " or ch == "\t" else repr(ch)[1:-1] for ch in sentence).replace("\t", " ")
 
 
 def _param(params, name):
@@ -135,7 +151,7 @@ class _Checker(object):
     # -- sentences -------------------------------------------------------------------------------------------
     def label(self, name):
         ptype = self.by_name[name][0] if name in self.by_name else None
-        return "Plugin %s" % name if ptype in (None, name) else "Plugin %s (%s)" % (name, ptype)
+        return "Plugin %s" % _text(name) if ptype in (None, name) else "Plugin %s (%s)" % (_text(name), _text(ptype))
 
     def top_finding(self, finding):
         where = "EndpointPickerConfig field %s" % finding.path if finding.path else "The EndpointPickerConfig"
@@ -207,7 +223,7 @@ class _Checker(object):
             ptype = plugin["type"]
             name = plugin.get("name") if isinstance(plugin.get("name"), str) and plugin.get("name") else ptype
             if name in self.by_name:
-                self.res.problems.append("Plugin name %s is declared twice; give one of them another name." % name)
+                self.res.problems.append("Plugin name %s is declared twice; give one of them another name." % _text(name))
                 continue
             params = plugin.get("parameters")
             self.by_name[name] = (ptype, params if _is_mapping(params) else {}, index)
@@ -219,7 +235,7 @@ class _Checker(object):
         if spec is None:
             why = REMOVED_OR_LATER.get(self.version, {}).get(ptype)
             self.res.problems.append("Plugin type %s is not registered in llm-d-router %s%s, so the EPP does not start%s."
-                                     % (ptype, self.version, " (%s)" % why if why else "",
+                                     % (_text(ptype), self.version, " (%s)" % why if why else "",
                                         "" if why else "; check its spelling"))
             return
         if spec["deprecated"]:
@@ -594,7 +610,7 @@ def check_epp_config(config, engine=None, mode=None, router_version=None):
     if not isinstance(version, str) or version not in PLUGINS:
         res = EppConfigResult(DEFAULT_ROUTER_VERSION)
         res.problems.append("router_version %s is not one this collection encodes (%s)." % (show(version), ", ".join(ROUTER_VERSIONS)))
-        return res
+        return res.finish()
     res = EppConfigResult(version)
     engine = _check_engine(engine, res)
     if mode not in (None, "precise", "approximate"):
@@ -602,7 +618,7 @@ def check_epp_config(config, engine=None, mode=None, router_version=None):
         mode = None
     if not _is_mapping(config):
         res.problems.append("The EndpointPickerConfig is not a mapping (got %s)." % type(config).__name__)
-        return res
+        return res.finish()
     checker = _Checker(config, engine, mode, version)
     checker.res = res
-    return checker.run()
+    return checker.run().finish()

@@ -149,7 +149,7 @@ def _plugin(source, roles, params=None, deprecated=None, legacy_params=None, req
             "deprecated": deprecated, "requires_params": requires_params}
 
 
-# Registered in cmd/epp/runner/runner.go (registerInTreePlugins) at v0.9.0, 75 types. The two eviction plugins that
+# Registered in cmd/epp/runner/runner.go (registerInTreePlugins) at v0.9.0, 71 types. The two eviction plugins that
 # register themselves in init() (sheddable-eviction-filter, priority-then-time-eviction-order-policy) are in no
 # package the EPP binary imports, so the EPP does not know them.
 _V090 = {

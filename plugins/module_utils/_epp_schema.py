@@ -109,10 +109,16 @@ def show(value, limit=60):
     return text
 
 
+_PLAIN_KEY = re.compile(r"^[A-Za-z0-9_$@/:+-]{1,60}$")
+
+
 def join_path(path, key):
-    key = str(key)
-    if isinstance(key, str) and key.startswith("["):
+    """``path.key`` (or ``path[3]`` for an index); a key that is empty, long or has spaces or dots is shown quoted."""
+    key = str(key) if isinstance(key, str) else show(key)
+    if key.startswith("[") and key.endswith("]") and key[1:-1].isdigit():
         return (path or "") + key
+    if not _PLAIN_KEY.match(key):
+        key = show(key, 40)
     return key if not path else "%s.%s" % (path, key)
 
 

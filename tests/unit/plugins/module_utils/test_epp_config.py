@@ -3,7 +3,12 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
 
-"""EndpointPickerConfig checks: good configs pass, each kind of bad one fails with its own sentence."""
+"""EndpointPickerConfig checks: good configs pass, each kind of bad one fails with its own sentence.
+
+The v0.9.0 facts asserted by hand here (field lists, sentences) were read at llm-d/llm-d-router@v0.9.0 (paths in
+each test); the table-driven tests walk the data table in ``_epp_plugins`` and prove that the checker enforces every
+entry of it. test_epp_table.py pins the table itself; test_epp_properties.py feeds generated junk.
+"""
 
 from __future__ import absolute_import, division, print_function
 
@@ -14,6 +19,7 @@ import copy
 import pytest
 
 from ansible_collections.inference_cache.substrate.plugins.module_utils._epp_config import check_epp_config
+from ansible_collections.inference_cache.substrate.plugins.module_utils._epp_plugins import PLUGINS, plugin_types
 
 ENGINE = {"block_size": 32, "hash_seed": "42", "topic": "kv@$(POD_IP):8000@Qwen/Qwen3-0.6B", "kv_events_port": 5557,
           "engine_type": "vllm", "kv_events_enabled": True}
@@ -57,6 +63,25 @@ CENTRAL = copy.deepcopy(PRECISE)
 CENTRAL["plugins"][1]["parameters"]["kvEventsConfig"] = {"zmqEndpoint": "tcp://*:5557", "topicFilter": "kv@", "discoverPods": False}
 del CENTRAL["dataLayer"]
 
+# Prefill/decode disaggregation with the nested disagg-profile-handler parameters
+# (llm-d/llm-d-router@v0.9.0:pkg/epp/framework/plugins/scheduling/profilehandler/disagg/disagg_profile_handler.go).
+DISAGG = {
+    "apiVersion": "llm-d.ai/v1alpha1",
+    "kind": "EndpointPickerConfig",
+    "plugins": [
+        {"type": "prefill-filter"}, {"type": "decode-filter"}, {"type": "prefix-cache-scorer"}, {"type": "queue-scorer"},
+        {"type": "max-score-picker"}, {"type": "prefix-based-pd-decider", "parameters": {"nonCachedTokens": 256}},
+        {"type": "disagg-profile-handler", "parameters": {"profiles": {"decode": "decode", "prefill": "prefill"},
+                                                          "deciders": {"prefill": "prefix-based-pd-decider"}}},
+    ],
+    "schedulingProfiles": [
+        {"name": "prefill", "plugins": [{"pluginRef": "prefill-filter"}, {"pluginRef": "queue-scorer", "weight": 1},
+                                        {"pluginRef": "max-score-picker"}]},
+        {"name": "decode", "plugins": [{"pluginRef": "decode-filter"}, {"pluginRef": "prefix-cache-scorer", "weight": 2},
+                                       {"pluginRef": "max-score-picker"}]},
+    ],
+}
+
 
 def plugin(config, ptype):
     return [p for p in config["plugins"] if p["type"] == ptype][0]
@@ -68,12 +93,17 @@ def mutate(base, fn):
     return config
 
 
-@pytest.mark.parametrize("config,mode", [(PRECISE, "precise"), (APPROXIMATE, "approximate"), (CENTRAL, "precise"), (PRECISE, None)],
-                         ids=["precise", "approximate", "central-mode", "no-mode"])
+def producer_params(config):
+    return plugin(config, "precise-prefix-cache-producer")["parameters"]
+
+
+@pytest.mark.parametrize("config,mode", [(PRECISE, "precise"), (APPROXIMATE, "approximate"), (CENTRAL, "precise"), (PRECISE, None),
+                                         (DISAGG, None)],
+                         ids=["precise", "approximate", "central-mode", "no-mode", "disagg"])
 def test_good_configs_pass(config, mode):
     result = check_epp_config(config, engine=ENGINE, mode=mode)
     assert result.ok, result.problems
-    assert result.deprecations == []
+    assert result.deprecations == [] and result.warnings == []
 
 
 def test_precise_summary_reports_what_was_checked():
@@ -81,6 +111,9 @@ def test_precise_summary_reports_what_was_checked():
     expected = {"block_size": 32, "hash_seed": "42", "topic_filter": "kv@", "engine_type": "vllm", "discover_pods": True}
     assert summary["precise-prefix-cache-producer"] == expected
 
+
+UNKNOWN_TAIL = ("in llm-d-router v0.9.0; the EPP decodes parameters strictly (DisallowUnknownFields), so the plugin fails and the "
+                "EPP does not start.")
 
 BAD = [
     ("dangling-plugin-ref", lambda c: c["schedulingProfiles"][0]["plugins"].append({"pluginRef": "nope-scorer"}),
@@ -91,37 +124,101 @@ BAD = [
      "Scorer prefix-cache-scorer reads prefixMatchInfoProducerName missing-producer, which is not declared in plugins."),
     ("scorer-references-non-producer", lambda c: plugin(c, "prefix-cache-scorer")["parameters"].update(prefixMatchInfoProducerName="queue-scorer"),
      "Scorer prefix-cache-scorer reads prefixMatchInfoProducerName queue-scorer, which is a queue-scorer, not a prefix-cache producer."),
+    ("scorer-references-token-producer", lambda c: plugin(c, "prefix-cache-scorer")["parameters"].update(prefixMatchInfoProducerName="token-producer"),
+     "Scorer prefix-cache-scorer reads prefixMatchInfoProducerName token-producer, which is a token-producer, not a prefix-cache producer."),
     ("no-token-producer", lambda c: c["plugins"].pop(0),
      "Producer precise-prefix-cache-producer needs a token-producer plugin, and none is declared."),
-    ("topic-filter-mismatch", lambda c: plugin(c, "precise-prefix-cache-producer")["parameters"]["kvEventsConfig"].update(topicFilter="kv-events"),
+    ("token-producer-estimates", lambda c: plugin(c, "token-producer").pop("parameters"),
+     "Producer precise-prefix-cache-producer reads tokens from Plugin token-producer, which has no tokenizer backend (no vllm, "
+     "modelName or udsTokenizerConfig) and only estimates pseudo-tokens, so no block key ever matches the engines' events."),
+    ("token-producer-without-model", lambda c: plugin(c, "token-producer")["parameters"].pop("modelName"),
+     "Plugin token-producer needs modelName with the vllm backend; its factory fails without it."),
+    ("topic-filter-mismatch", lambda c: producer_params(c)["kvEventsConfig"].update(topicFilter="kv-events"),
      "Producer precise-prefix-cache-producer subscribes with topicFilter 'kv-events', which is not a prefix of the engines' topic "
      "'kv@$(POD_IP):8000@Qwen/Qwen3-0.6B'."),
-    ("socket-port-mismatch", lambda c: plugin(c, "precise-prefix-cache-producer")["parameters"]["kvEventsConfig"]["podDiscoveryConfig"].update(socketPort=5556),
+    ("socket-port-mismatch", lambda c: producer_params(c)["kvEventsConfig"]["podDiscoveryConfig"].update(socketPort=5556),
      "Producer precise-prefix-cache-producer dials KV events on port 5556 but the engines publish on port 5557."),
+    ("socket-port-default", lambda c: producer_params(c)["kvEventsConfig"].pop("podDiscoveryConfig"),
+     None),  # the default port 5557 matches: no problem
     ("no-notification-source", lambda c: c.pop("dataLayer"),
      "Producer precise-prefix-cache-producer discovers pods, but no endpoint-notification-source data source lists it as an extractor."),
+    ("discovery-config-null", lambda c: producer_params(c)["kvEventsConfig"].update(podDiscoveryConfig=None),
+     "Producer precise-prefix-cache-producer discovers pods but sets kvEventsConfig.podDiscoveryConfig to null, so it subscribes to no engine."),
+    ("kv-events-config-null", lambda c: producer_params(c).update(kvEventsConfig=None),
+     "Producer precise-prefix-cache-producer sets kvEventsConfig to null; the EPP then dereferences a nil kvEventsConfig at start and crashes."),
     ("orphan-producer", lambda c: plugin(c, "prefix-cache-scorer").pop("parameters"),
      "Producer precise-prefix-cache-producer is declared but no prefix-cache-scorer references it by prefixMatchInfoProducerName."),
-    ("tokenizers-pool", lambda c: plugin(c, "precise-prefix-cache-producer")["parameters"].update(indexerConfig={"tokenizersPoolConfig": {}}),
+    ("tokenizers-pool", lambda c: producer_params(c).update(indexerConfig={"tokenizersPoolConfig": {}}),
      "Producer precise-prefix-cache-producer sets indexerConfig.tokenizersPoolConfig, which the router rejects; configure a token-producer "
      "plugin instead."),
     ("duplicate-name", lambda c: c["plugins"].append({"type": "queue-scorer"}),
      "Plugin name queue-scorer is declared twice; give one of them another name."),
     ("bad-weight", lambda c: c["schedulingProfiles"][0]["plugins"][2].update(weight=-1),
      "Scheduling profile default gives kv-cache-utilization-scorer the weight -1; weights are numbers >= 0."),
+    ("weight-as-string", lambda c: c["schedulingProfiles"][0]["plugins"][2].update(weight="1"),
+     "EndpointPickerConfig field schedulingProfiles[0].plugins[2].weight is a string but must be a number."),
+    ("two-pickers", lambda c: (c["plugins"].append({"type": "random-picker"}),
+                               c["schedulingProfiles"][0]["plugins"].append({"pluginRef": "random-picker"})),
+     "Scheduling profile default references 2 pickers (max-score-picker, random-picker); the EPP allows one."),
+    ("two-profile-handlers", lambda c: c["plugins"].append({"type": "data-parallel-profile-handler"}),
+     "Several profile handlers are declared (single-profile-handler, data-parallel-profile-handler); the EPP allows one."),
     ("wrong-api-version", lambda c: c.update(apiVersion="llm-d.ai/v1"),
      "apiVersion is 'llm-d.ai/v1' but the router accepts llm-d.ai/v1alpha1."),
     ("wrong-kind", lambda c: c.update(kind="Config"), "kind is 'Config' but must be EndpointPickerConfig."),
     ("no-profiles", lambda c: c.update(schedulingProfiles=[]), "schedulingProfiles must be a non-empty list."),
     ("plugin-without-type", lambda c: c["plugins"].append({"name": "x"}), "plugins[9] has no type."),
+    ("unknown-top-level-field", lambda c: c.update(metadata={"name": "x"}),
+     "EndpointPickerConfig field metadata is not a field of llm-d-router v0.9.0's EndpointPickerConfig; the EPP decodes the config "
+     "strictly and does not start."),
+    ("unknown-feature-gate", lambda c: c.update(featureGates=["prefixCache"]),
+     "Feature gate prefixCache is not registered in llm-d-router v0.9.0 (known: dataLayer, flowControl); the EPP does not start."),
+    ("replay-socket-port", lambda c: producer_params(c)["kvEventsConfig"]["podDiscoveryConfig"].update(replaySocketPort=5558),
+     "Plugin precise-prefix-cache-producer parameter kvEventsConfig.podDiscoveryConfig.replaySocketPort is not a field of "
+     "precise-prefix-cache-producer " + UNKNOWN_TAIL),
+    ("burst-producer", lambda c: c["plugins"].append({"type": "burst-prefix-cache-producer"}),
+     "Plugin type burst-prefix-cache-producer is not registered in llm-d-router v0.9.0 (first registered in llm-d-router v0.10.0), "
+     "so the EPP does not start."),
+    ("endpoint-attribute-scorer", lambda c: c["plugins"].append({"type": "endpoint-attribute-scorer"}),
+     "Plugin type endpoint-attribute-scorer is not registered in llm-d-router v0.9.0 (first registered in llm-d-router v0.10.0), "
+     "so the EPP does not start."),
+    ("misspelled-type", lambda c: c["plugins"].append({"type": "queue-scorrer"}),
+     "Plugin type queue-scorrer is not registered in llm-d-router v0.9.0, so the EPP does not start; check its spelling."),
+    ("zero-concurrency", lambda c: producer_params(c)["kvEventsConfig"].update(concurrency=0),
+     "Plugin precise-prefix-cache-producer parameter kvEventsConfig.concurrency must be at least 1 (got 0)."),
+    ("port-out-of-range", lambda c: producer_params(c)["kvEventsConfig"]["podDiscoveryConfig"].update(socketPort=70000),
+     "Plugin precise-prefix-cache-producer parameter kvEventsConfig.podDiscoveryConfig.socketPort must be at most 65535 (got 70000)."),
+    ("block-size-as-string", lambda c: producer_params(c)["tokenProcessorConfig"].update(blockSizeTokens="32"),
+     "Plugin precise-prefix-cache-producer parameter tokenProcessorConfig.blockSizeTokens is a string but must be an integer."),
+    ("metrics-interval-as-string", lambda c: producer_params(c).update(indexerConfig={"kvBlockIndexConfig": {"metricsLoggingInterval": "30s"}}),
+     "Plugin precise-prefix-cache-producer parameter indexerConfig.kvBlockIndexConfig.metricsLoggingInterval is a string but must be "
+     "an integer number of nanoseconds (Go time.Duration)."),
+    ("speculative-ttl-not-a-duration", lambda c: producer_params(c).update(speculativeTTL="two seconds"),
+     "Plugin precise-prefix-cache-producer parameter speculativeTTL is 'two seconds' but must be a Go duration string such as \"30s\"."),
 ]
 
 
 @pytest.mark.parametrize("name,fn,sentence", BAD, ids=[b[0] for b in BAD])
 def test_each_bad_config_is_rejected_with_its_sentence(name, fn, sentence):
     result = check_epp_config(mutate(PRECISE, fn), engine=ENGINE)
+    if sentence is None:
+        assert result.ok, result.problems
+        return
     assert not result.ok, name
     assert sentence in result.problems, result.problems
+
+
+def test_the_scorer_must_name_a_prefix_producer_and_nothing_else():
+    """Every declared plugin that is not a prefix producer is refused as prefixMatchInfoProducerName (catches a check weakened
+    to "references anything"); the two producer types are accepted."""
+    for ptype in plugin_types():
+        config = mutate(PRECISE, lambda c: c["plugins"].append({"type": ptype, "name": "target"}))
+        plugin(config, "prefix-cache-scorer")["parameters"]["prefixMatchInfoProducerName"] = "target"
+        problems = check_epp_config(config, engine=ENGINE).problems
+        refused = "Scorer prefix-cache-scorer reads prefixMatchInfoProducerName target, which is a %s, not a prefix-cache producer." % ptype
+        if ptype in ("precise-prefix-cache-producer", "approx-prefix-cache-producer", "precise-prefix-cache-scorer"):
+            assert refused not in problems
+        else:
+            assert refused in problems, (ptype, problems)
 
 
 def test_engines_without_kv_events_reject_the_precise_producer():
@@ -139,23 +236,287 @@ def test_modes_are_checked():
 def test_several_profiles_need_a_handler():
     config = mutate(APPROXIMATE, lambda c: (c["plugins"].pop(5), c["schedulingProfiles"].append({"name": "prefill", "plugins": []})))
     assert "Several scheduling profiles are declared but no profile handler plugin is." in check_epp_config(config).problems
+    single = mutate(APPROXIMATE, lambda c: c["schedulingProfiles"].append({"name": "prefill", "plugins": []}))
+    assert "single-profile-handler cannot serve several scheduling profiles; use disagg-profile-handler." in check_epp_config(single).problems
+
+
+@pytest.mark.parametrize("fn,sentence", [
+    (lambda c: c["plugins"].reverse(),
+     "Plugin disagg-profile-handler names deciders.prefill prefix-based-pd-decider, which is declared after it; the EPP instantiates "
+     "plugins in order, so declare the decider first."),
+    (lambda c: plugin(c, "disagg-profile-handler")["parameters"]["deciders"].update(prefill="queue-scorer"),
+     "Plugin disagg-profile-handler names deciders.prefill queue-scorer, which is a queue-scorer, not a decider."),
+    (lambda c: plugin(c, "disagg-profile-handler")["parameters"]["deciders"].update(encode="nope"),
+     "Plugin disagg-profile-handler names deciders.encode nope, which is not declared in plugins."),
+    (lambda c: plugin(c, "prefix-based-pd-decider")["parameters"].update(nonCachedTokens=-1),
+     "Plugin prefix-based-pd-decider parameter nonCachedTokens must be at least 0 (got -1)."),
+    (lambda c: plugin(c, "disagg-profile-handler")["parameters"]["profiles"].update(prefil="prefill"),
+     "Plugin disagg-profile-handler parameter profiles.prefil is not a field of disagg-profile-handler " + UNKNOWN_TAIL),
+    (lambda c: (plugin(c, "disagg-profile-handler").update(type="pd-profile-handler", parameters={}), c["plugins"].reverse()),
+     "Plugin pd-profile-handler names deciderPluginName prefix-based-pd-decider, which is declared after it; "
+     "the EPP instantiates plugins in order, so declare the decider first."),
+], ids=["decider-after-handler", "decider-not-a-decider", "decider-undeclared", "negative-tokens", "unknown-nested", "pd-default-decider"])
+def test_disaggregation_references(fn, sentence):
+    assert sentence in check_epp_config(mutate(DISAGG, fn)).problems
+
+
+def test_disagg_flat_parameters_are_a_deprecation():
+    config = mutate(DISAGG, lambda c: plugin(c, "disagg-profile-handler").update(
+        parameters={"decodeProfile": "decode", "prefillProfile": "prefill", "prefillDeciderPluginName": "prefix-based-pd-decider"}))
+    result = check_epp_config(config)
+    assert result.ok, result.problems
+    assert result.deprecations == ["Plugin disagg-profile-handler uses the deprecated flat parameters; use profiles and deciders."]
+    mixed = mutate(config, lambda c: plugin(c, "disagg-profile-handler")["parameters"].update(profiles={"decode": "decode"}))
+    assert "Plugin disagg-profile-handler parameter decodeProfile is not a field of disagg-profile-handler " + UNKNOWN_TAIL \
+        in check_epp_config(mixed).problems
 
 
 @pytest.mark.parametrize("fn,sentence", [
     (lambda c: c.update(apiVersion="inference.networking.x-k8s.io/v1alpha1"),
      "apiVersion inference.networking.x-k8s.io/v1alpha1 is deprecated; use llm-d.ai/v1alpha1."),
     (lambda c: plugin(c, "token-producer").update(type="tokenizer"), "Plugin type tokenizer is deprecated; use token-producer."),
-    (lambda c: plugin(c, "precise-prefix-cache-producer")["parameters"]["tokenProcessorConfig"].update(blockSize=32),
+    (lambda c: producer_params(c)["tokenProcessorConfig"].update(blockSize=32),
      "Plugin precise-prefix-cache-producer parameter tokenProcessorConfig.blockSize is deprecated in favour of blockSizeTokens."),
     (lambda c: c["plugins"].append({"type": "precise-prefix-cache-scorer"}),
      "Plugin type precise-prefix-cache-scorer is deprecated; use precise-prefix-cache-producer plus prefix-cache-scorer with "
      "prefixMatchInfoProducerName."),
-], ids=["old-api-version", "tokenizer", "blockSize", "precise-prefix-cache-scorer"])
+    (lambda c: c.update(saturationDetector={"pluginRef": "utilization-detector"}),
+     "EndpointPickerConfig field saturationDetector is deprecated; use flowControl.saturationDetector."),
+], ids=["old-api-version", "tokenizer", "blockSize", "precise-prefix-cache-scorer", "top-level-saturation-detector"])
 def test_deprecated_names_are_flagged_not_failed(fn, sentence):
     result = check_epp_config(mutate(PRECISE, fn), engine=ENGINE)
     assert sentence in result.deprecations
     assert result.ok, result.problems
 
 
-def test_not_a_mapping():
-    assert check_epp_config(["x"]).problems == ["The EndpointPickerConfig is not a mapping (got list)."]
+# --- v0.9.0 semantics: what differs from the engines but is no error -------------------------------------------------
+
+README = "llm-d/llm-d-router@v0.9.0:pkg/epp/framework/plugins/requestcontrol/dataproducer/preciseprefixcache/README.md"
+
+
+@pytest.mark.parametrize("fn,engine,sentence", [
+    (lambda c: producer_params(c)["tokenProcessorConfig"].update(hashSeed="0"), ENGINE,
+     "Producer precise-prefix-cache-producer uses hashSeed '0' while the engines run with PYTHONHASHSEED '42'; llm-d-router v0.9.0 "
+     "recomputes block keys from the events' token ids (%s), so the seeds need not match." % README),
+    (lambda c: producer_params(c)["tokenProcessorConfig"].update(blockSizeTokens=16), ENGINE,
+     "Producer precise-prefix-cache-producer hashes blocks of 16 tokens while the engines use --block-size 32; llm-d-router v0.9.0 "
+     "recomputes block keys from the events' token ids with its own block size (%s), so this is not an error, but prefix matches "
+     "are counted in blocks of 16 tokens." % README),
+    (lambda c: producer_params(c)["tokenProcessorConfig"].pop("blockSizeTokens"), ENGINE,
+     "Producer precise-prefix-cache-producer hashes blocks of 16 tokens while the engines use --block-size 32; llm-d-router v0.9.0 "
+     "recomputes block keys from the events' token ids with its own block size (%s), so this is not an error, but prefix matches "
+     "are counted in blocks of 16 tokens." % README),
+    (lambda c: producer_params(c)["kvEventsConfig"].update(engineType="sglang"), dict(ENGINE, engine_type="sglang"),
+     "Producer precise-prefix-cache-producer sets engineType sglang, but llm-d-router v0.9.0 ignores kvEventsConfig.engineType and "
+     "always decodes KV events with its vLLM adapter (llm-d/llm-d-router@v0.9.0:pkg/epp/framework/plugins/requestcontrol/dataproducer/"
+     "preciseprefixcache/producer.go): SGLang events are read only while they keep vLLM's positional-array layout, and SGLang emits "
+     "no extra_keys, so salted or multimodal requests never match."),
+    (lambda c: producer_params(c)["kvEventsConfig"].pop("engineType"), dict(ENGINE, engine_type="sglang"),
+     "Producer precise-prefix-cache-producer routes to SGLang engines, but llm-d-router v0.9.0 ignores kvEventsConfig.engineType and "
+     "always decodes KV events with its vLLM adapter (llm-d/llm-d-router@v0.9.0:pkg/epp/framework/plugins/requestcontrol/dataproducer/"
+     "preciseprefixcache/producer.go): SGLang events are read only while they keep vLLM's positional-array layout, and SGLang emits "
+     "no extra_keys, so salted or multimodal requests never match."),
+    (lambda c: None, dict(ENGINE, enable_scale_out=False),
+     "Plugin token-producer renders prompts at http://engine:8000/v1/completions/render, which vLLM 0.32 serves only when started "
+     "with --enable-scale-out (403 otherwise), and the engines run without it, so the EPP gets no tokens and precise scoring silently "
+     "scores every endpoint 0."),
+    (lambda c: plugin(c, "decode-filter").update(parameters={"label": "x"}), ENGINE,
+     "Plugin decode-filter takes no parameters in llm-d-router v0.9.0; the EPP ignores the ones given."),
+    (lambda c: producer_params(c)["kvEventsConfig"].update(TopicFilter=producer_params(c)["kvEventsConfig"].pop("topicFilter")), ENGINE,
+     "Plugin precise-prefix-cache-producer parameter kvEventsConfig.TopicFilter is accepted as topicFilter only because Go matches "
+     "JSON keys case-insensitively; write it that way."),
+], ids=["hash-seed", "block-size", "block-size-default", "engine-type-sglang", "sglang-engines", "render-without-scale-out",
+        "ignored-parameters", "case-insensitive-key"])
+def test_differences_the_epp_tolerates_are_warnings(fn, engine, sentence):
+    result = check_epp_config(mutate(PRECISE, fn), engine=engine)
+    assert result.ok, result.problems
+    assert result.deprecations == []
+    assert result.warnings == [sentence]
+
+
+def test_the_render_sidecar_is_not_warned_about():
+    sidecar = mutate(PRECISE, lambda c: plugin(c, "token-producer")["parameters"]["vllm"].update(url="http://localhost:8000"))
+    assert check_epp_config(sidecar, engine=dict(ENGINE, enable_scale_out=False)).warnings == []
+    assert check_epp_config(PRECISE, engine=dict(ENGINE, enable_scale_out=True)).warnings == []
+
+
+# --- the table, enforced: every type, every field -----------------------------------------------------------------------
+
+def _example(node):
+    """A value of the right type for a schema node (for the 'every field accepted' test)."""
+    kind = node["t"]
+    if kind == "obj":
+        return dict((name, _example(sub)) for name, sub in node["fields"].items())
+    if kind == "list":
+        return [_example(node["of"])]
+    if kind == "map":
+        return {"key": _example(node["of"])}
+    if kind == "int":
+        return max(node["min"] or 0, 1) if node["max"] is None or node["max"] >= 1 else node["max"]
+    if kind == "float":
+        return 0.5 if node["max"] is not None else max(node["min"] or 0, 1.5)
+    values = {"str": "", "bool": True, "ns": 1000000000, "duration": "2s", "quantity": "1Gi", "any": None}
+    if kind == "enum":
+        return node["values"][-1]
+    return values[kind]
+
+
+def _wrong(node):
+    """A value of the wrong JSON type for a schema node, and the expected-type phrase the sentence must carry."""
+    kind = node["t"]
+    if kind in ("obj", "map"):
+        return "text", "is a string but must be a mapping"
+    if kind == "list":
+        return {"a": 1}, "is a mapping but must be a list"
+    if kind in ("str", "enum", "duration"):
+        return 7, "is an integer but must be a string"
+    if kind == "bool":
+        return "yes", "is a string but must be a boolean (true or false)"
+    if kind == "int":
+        return "7", "is a string but must be an integer"
+    if kind == "ns":
+        return "30s", "is a string but must be an integer number of nanoseconds (Go time.Duration)"
+    if kind == "float":
+        return [1], "is a list but must be a number"
+    return [1], "is 1 but must be"  # quantity
+
+
+def _leaves(node, path=()):
+    """Every field path of a struct schema, nested ones included, with its node."""
+    for name, sub in sorted(node["fields"].items()):
+        yield path + (name,), sub
+        inner = sub
+        while inner["t"] in ("list", "map"):
+            inner = inner["of"]
+        if inner["t"] == "obj" and inner is sub:
+            for item in _leaves(sub, path + (name,)):
+                yield item
+
+
+def _set(params, path, value):
+    for key in path[:-1]:
+        params = params[key]
+    params[path[-1]] = value
+
+
+def _alone(ptype, params):
+    """A config whose only plugin under test is ``ptype`` (named 'p'), with the pieces the EPP needs around it."""
+    return {"apiVersion": "llm-d.ai/v1alpha1", "kind": "EndpointPickerConfig",
+            "plugins": [{"name": "p", "type": ptype, "parameters": params}, {"type": "max-score-picker", "name": "picker"}],
+            "schedulingProfiles": [{"name": "default", "plugins": [{"pluginRef": "picker"}]}]}
+
+
+def _parameter_problems(result):
+    return [p for p in result.problems if p.startswith("Plugin p ") and " parameter" in p]
+
+
+TYPES_WITH_PARAMS = [t for t in plugin_types() if PLUGINS["v0.9.0"][t]["params"] is not None]
+
+
+@pytest.mark.parametrize("ptype", plugin_types())
+def test_every_v090_type_is_accepted_with_all_its_fields(ptype):
+    spec = PLUGINS["v0.9.0"][ptype]
+    params = _example(spec["params"]) if spec["params"] else None
+    result = check_epp_config(_alone(ptype, params))
+    assert not [p for p in result.problems if "not registered" in p]
+    assert _parameter_problems(result) == []
+
+
+@pytest.mark.parametrize("ptype", TYPES_WITH_PARAMS)
+def test_every_v090_type_refuses_an_unknown_field_at_every_depth(ptype):
+    schema = PLUGINS["v0.9.0"][ptype]["params"]
+    paths = [()] + [path for path, node in _leaves(schema) if node["t"] == "obj"]
+    for path in paths:
+        params = _example(schema)
+        target = params
+        for key in path:
+            target = target[key]
+        target["notAField"] = 1
+        sentence = "Plugin p (%s) parameter %s is not a field of %s %s" % (
+            ptype, ".".join(path + ("notAField",)), ptype, UNKNOWN_TAIL)
+        assert sentence in check_epp_config(_alone(ptype, params)).problems, (ptype, path)
+
+
+@pytest.mark.parametrize("ptype", TYPES_WITH_PARAMS)
+def test_every_v090_field_refuses_a_wrong_json_type(ptype):
+    schema = PLUGINS["v0.9.0"][ptype]["params"]
+    for path, node in _leaves(schema):
+        params = _example(schema)
+        wrong, phrase = _wrong(node)
+        _set(params, path, wrong)
+        problems = _parameter_problems(check_epp_config(_alone(ptype, params)))
+        prefix = "Plugin p (%s) parameter %s %s" % (ptype, ".".join(path), phrase)
+        assert [p for p in problems if p.startswith(prefix)], (ptype, path, problems)
+
+
+def test_a_plugin_that_needs_parameters_says_so():
+    result = check_epp_config(_alone("k8s-notification-source", None))
+    assert "Plugin p (k8s-notification-source) needs parameters; its factory fails without them." in result.problems
+
+
+# --- bad input: one sentence each, never an exception --------------------------------------------------------------------
+
+WRONG_SHAPES = [
+    ("parameters-list", lambda c: producer_params(c) and plugin(c, "precise-prefix-cache-producer").update(parameters=[1, 2]),
+     "Plugin precise-prefix-cache-producer has parameters that are a list, not a mapping; the EPP cannot decode them."),
+    ("token-processor-string", lambda c: producer_params(c).update(tokenProcessorConfig="32"),
+     "Plugin precise-prefix-cache-producer parameter tokenProcessorConfig is a string but must be a mapping."),
+    ("kv-events-list", lambda c: producer_params(c).update(kvEventsConfig=["kv@"]),
+     "Plugin precise-prefix-cache-producer parameter kvEventsConfig is a list but must be a mapping."),
+    ("sources-int", lambda c: c["dataLayer"].update(sources=3),
+     "EndpointPickerConfig field dataLayer.sources is an integer but must be a list."),
+    ("plugin-ref-list", lambda c: c["schedulingProfiles"][0]["plugins"][0].update(pluginRef=["decode-filter"]),
+     "EndpointPickerConfig field schedulingProfiles[0].plugins[0].pluginRef is a list but must be a string."),
+    ("profile-string", lambda c: c["schedulingProfiles"].append("default"),
+     "EndpointPickerConfig field schedulingProfiles[1] is a string but must be a mapping."),
+    ("plugins-mapping", lambda c: c.update(plugins={"type": "queue-scorer"}),
+     "EndpointPickerConfig field plugins is a mapping but must be a list."),
+    ("plugin-none", lambda c: c["plugins"].append(None), "plugins[9] has no type."),
+    ("data-layer-list", lambda c: c.update(dataLayer=["x"]), "EndpointPickerConfig field dataLayer is a list but must be a mapping."),
+    ("type-int", lambda c: c["plugins"].append({"type": 7}), "EndpointPickerConfig field plugins[9].type is an integer but must be a string."),
+    ("extractors-string", lambda c: c["dataLayer"]["sources"][0].update(extractors="precise-prefix-cache-producer"),
+     "EndpointPickerConfig field dataLayer.sources[0].extractors is a string but must be a list."),
+    ("feature-gates-string", lambda c: c.update(featureGates="dataLayer"),
+     "EndpointPickerConfig field featureGates is a string but must be a list."),
+]
+
+
+@pytest.mark.parametrize("name,fn,sentence", WRONG_SHAPES, ids=[w[0] for w in WRONG_SHAPES])
+def test_wrong_shapes_are_one_sentence_each(name, fn, sentence):
+    result = check_epp_config(mutate(PRECISE, fn), engine=ENGINE)
+    assert sentence in result.problems, (name, result.problems)
+    for problem in result.problems:
+        assert "\n" not in problem and problem.endswith("."), problem
+
+
+@pytest.mark.parametrize("config,sentence", [
+    (["x"], "The EndpointPickerConfig is not a mapping (got list)."),
+    (None, "The EndpointPickerConfig is not a mapping (got NoneType)."),
+    ("plugins: []", "The EndpointPickerConfig is not a mapping (got str)."),
+    ({}, "plugins must be a non-empty list."),
+    ({"plugins": None, "schedulingProfiles": None, "dataLayer": None, "apiVersion": None, "kind": None},
+     "schedulingProfiles must be a non-empty list."),
+])
+def test_not_a_config(config, sentence):
+    assert sentence in check_epp_config(config).problems
+
+
+@pytest.mark.parametrize("engine,sentence", [
+    ({"block_size": "32"}, "engine.block_size is a string but must be an integer."),
+    ({"block_size": 0}, "engine.block_size must be between 1 and 1048576 (got 0)."),
+    ({"kv_events_port": 70000}, "engine.kv_events_port must be between 1 and 65535 (got 70000)."),
+    ({"kv_events_port": True}, "engine.kv_events_port is a boolean but must be an integer."),
+    ({"engine_type": "trtllm"}, "engine.engine_type is 'trtllm' but must be vllm or sglang."),
+    ({"kv_events_enabled": "no"}, "engine.kv_events_enabled is a string but must be a boolean."),
+    ({"colour": 1}, "engine.colour is not an engine setting this check knows (block_size, enable_scale_out, engine_type, hash_seed, "
+                    "kv_events_enabled, kv_events_port, topic)."),
+    (["x"], "engine must be a mapping of the engines' settings (got a list)."),
+])
+def test_engine_facts_are_checked(engine, sentence):
+    assert sentence in check_epp_config(PRECISE, engine=engine).problems
+
+
+def test_unknown_router_version_and_mode():
+    assert check_epp_config(PRECISE, router_version="v0.8.0").problems == [
+        "router_version 'v0.8.0' is not one this collection encodes (v0.9.0)."]
+    assert "mode is 'fast' but must be precise or approximate." in check_epp_config(PRECISE, mode="fast").problems

@@ -12,11 +12,24 @@ __metaclass__ = type  # pylint: disable=invalid-name
 import copy
 import json
 
+import pytest
 import yaml
+from ansible.module_utils import basic
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from ansible_collections.inference_cache.substrate.plugins.modules import epp_config_check, gpu_memory_plan
 from ansible_collections.inference_cache.substrate.tests.unit.plugins.modules.utils import AnsibleExitJson, AnsibleFailJson, run_module
 from ansible_collections.inference_cache.substrate.tests.unit.plugins.module_utils.test_epp_config import ENGINE, PRECISE
+from ansible_collections.inference_cache.substrate.tests.unit.plugins.module_utils.test_epp_properties import JUNK, NOISE
+
+
+@pytest.fixture
+def warned(monkeypatch):
+    """What the module passed to AnsibleModule.warn (exit_json is patched, so the result never carries 'warnings')."""
+    seen = []
+    monkeypatch.setattr(basic.AnsibleModule, "warn", lambda self, message: seen.append(message))
+    return seen
 
 
 def run(module, args, expect=AnsibleExitJson):
@@ -25,13 +38,15 @@ def run(module, args, expect=AnsibleExitJson):
     return result
 
 
-def test_good_config_from_a_file_passes(tmp_path):
+def test_good_config_from_a_file_passes(tmp_path, warned):
     path = tmp_path / "epp.yaml"
     path.write_text(yaml.safe_dump(PRECISE))
     result = run(epp_config_check, {"path": str(path), "engine": ENGINE, "mode": "precise"})
     assert result["changed"] is False
-    assert result["problems"] == [] and result["deprecations"] == []
+    assert result["problems"] == [] and result["deprecations"] == [] and result["warnings_found"] == []
+    assert result["router_version"] == "v0.9.0"
     assert "precise-prefix-cache-producer" in result["summary"]
+    assert warned == []
 
 
 def test_good_config_in_check_mode_is_the_same():
@@ -53,14 +68,65 @@ def test_bad_config_fails_with_each_sentence():
     assert result["changed"] is False
 
 
-def test_deprecations_warn_or_fail():
+def test_deprecations_warn_or_fail(warned):
     config = copy.deepcopy(PRECISE)
     config["plugins"][0]["type"] = "tokenizer"
     result = run(epp_config_check, {"config": config, "engine": ENGINE})
     assert result["deprecations"] == ["Plugin type tokenizer is deprecated; use token-producer."]
-    assert "Plugin type tokenizer is deprecated; use token-producer." in result.get("warnings", result["deprecations"])
+    assert warned == ["Plugin type tokenizer is deprecated; use token-producer."]
     failed = run(epp_config_check, {"config": config, "engine": ENGINE, "fail_on_deprecations": True}, AnsibleFailJson)
-    assert "Plugin type tokenizer is deprecated" in failed["msg"]
+    assert failed["msg"] == "The EndpointPickerConfig has 1 problem(s): Plugin type tokenizer is deprecated; use token-producer."
+
+
+def test_tolerated_differences_pass_with_a_warning(warned):
+    config = copy.deepcopy(PRECISE)
+    config["plugins"][1]["parameters"]["tokenProcessorConfig"]["hashSeed"] = "7"
+    result = run(epp_config_check, {"config": config, "engine": ENGINE, "fail_on_deprecations": True})
+    assert result["problems"] == [] and result["deprecations"] == []
+    assert len(result["warnings_found"]) == 1 and result["warnings_found"][0].startswith(
+        "Producer precise-prefix-cache-producer uses hashSeed '7' while the engines run with PYTHONHASHSEED '42';")
+    assert warned == result["warnings_found"]
+
+
+def test_replay_socket_port_fails_at_the_pinned_router():
+    config = copy.deepcopy(PRECISE)
+    config["plugins"][1]["parameters"]["kvEventsConfig"]["podDiscoveryConfig"]["replaySocketPort"] = 5558
+    result = run(epp_config_check, {"config": config, "router_version": "v0.9.0"}, AnsibleFailJson)
+    assert result["problems"] == [
+        "Plugin precise-prefix-cache-producer parameter kvEventsConfig.podDiscoveryConfig.replaySocketPort is not a field of "
+        "precise-prefix-cache-producer in llm-d-router v0.9.0; the EPP decodes parameters strictly (DisallowUnknownFields), "
+        "so the plugin fails and the EPP does not start."]
+
+
+def test_router_version_choices():
+    result = run(epp_config_check, {"config": PRECISE, "router_version": "v0.8.0"}, AnsibleFailJson)
+    assert result["msg"].startswith("value of router_version must be one of: v0.9.0")
+
+
+@pytest.mark.parametrize("args,msg", [
+    ({"config": ["not", "a", "mapping"]}, "The EndpointPickerConfig has 1 problem(s): The EndpointPickerConfig is not a mapping (got list)."),
+    ({"config": "- just\n- a list\n"}, "The EndpointPickerConfig has 1 problem(s): The EndpointPickerConfig is not a mapping (got list)."),
+    ({"config": PRECISE, "engine": {"kv_events_port": 70000}},
+     "The EndpointPickerConfig has 1 problem(s): engine.kv_events_port must be between 1 and 65535 (got 70000)."),
+    ({"config": PRECISE, "engine": {"block_size": -16}},
+     "The EndpointPickerConfig has 1 problem(s): engine.block_size must be between 1 and 1048576 (got -16)."),
+], ids=["list", "yaml-list", "port-range", "block-size-range"])
+def test_wrong_input_is_one_sentence(args, msg):
+    result = run(epp_config_check, args, AnsibleFailJson)
+    assert result["msg"] == msg and result["changed"] is False
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(JUNK.filter(lambda value: value is not None) | st.sampled_from(["a: [", "\t", "{", "plugins: [1, {", "- x\n  - y:"]))
+def test_any_value_as_config_fails_with_sentences(junk):
+    exited, result = run_module(epp_config_check, {"config": junk})
+    assert not exited, "generated junk passed: %r" % (junk,)
+    msg = result["msg"]
+    assert "\n" not in msg and msg.endswith(".") and not NOISE.search(msg), msg
+    if "problems" in result:
+        assert result["problems"] and all(problem in msg for problem in result["problems"])
+    else:
+        assert msg.startswith("The EndpointPickerConfig is not valid YAML: "), msg
 
 
 def test_unreadable_and_invalid_inputs(tmp_path):
