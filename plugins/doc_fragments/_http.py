@@ -13,7 +13,7 @@ class ModuleDocFragment(object):
     DOCUMENTATION = r"""
 options:
   api_key:
-    description: Bearer token for the server, sent as C(Authorization: Bearer ...). Never logged.
+    description: "Bearer token for the server, sent as C(Authorization: Bearer ...). Never logged."
     type: str
   validate_certs:
     description:

@@ -36,10 +36,34 @@ DTYPE_BYTES = {
     "int4": 0.5,
 }
 
-_SIZE_RE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([a-zA-Z]*)\s*$")
+_SIZE_RE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?(?:[eE][+]?[0-9]+)?)\s*([a-zA-Z]*)\s*$")
 _BYTE_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "m": 1000 ** 2, "mb": 1000 ** 2, "g": 1000 ** 3, "gb": 1000 ** 3,
                "t": 1000 ** 4, "tb": 1000 ** 4, "kib": 1024, "mib": 1024 ** 2, "gib": GIB, "tib": 1024 ** 4}
 _COUNT_UNITS = {"": 1, "k": 1e3, "m": 1e6, "b": 1e9, "g": 1e9, "t": 1e12}
+
+
+# The fields of a Hugging Face config.json the plan reads, with the shape each must have when present (null counts
+# as absent). A config.json carries dozens of other, model-specific keys, which are ignored; so this is an open
+# schema, checked by ``check_config_shape``; the rules between fields are in ``model_shape``.
+POSITIVE_INT = "a positive whole number"
+TEXT = "a string"
+MAPPING = "a mapping"
+CONFIG_FIELDS = {
+    "num_hidden_layers": POSITIVE_INT, "n_layer": POSITIVE_INT, "num_layers": POSITIVE_INT,
+    "num_attention_heads": POSITIVE_INT, "n_head": POSITIVE_INT,
+    "num_key_value_heads": POSITIVE_INT,
+    "head_dim": POSITIVE_INT,
+    "hidden_size": POSITIVE_INT, "n_embd": POSITIVE_INT,
+    "torch_dtype": TEXT, "dtype": TEXT,
+    "text_config": MAPPING,
+}
+# Numeric arguments of ``plan``: (least, greatest) allowed; gpu_memory_utilization is checked as (0, 1].
+PLAN_RANGES = {
+    "max_model_len": (1, 10 ** 8),
+    "max_num_seqs": (1, 10 ** 6),
+    "max_gpus": (1, 4096),
+    "tensor_parallel_size": (1, 4096),
+}
 
 
 class SizingError(ValueError):
@@ -50,30 +74,40 @@ class SizingError(ValueError):
         self.details = details
 
 
+def _finite(number, what, value):
+    if math.isnan(number) or math.isinf(number):
+        raise SizingError("%s %r is not a finite number." % (what, value))
+    return number
+
+
 def parse_bytes(value, default_unit="gib"):
     """``80`` (GiB by default), ``"80GiB"``, ``"24 GB"``, ``"81920MiB"`` -> bytes (int)."""
-    if isinstance(value, bool):
-        raise SizingError("Memory size %r is not a number." % (value,))
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise SizingError("Memory size %r is not a number or a size such as 80GiB." % (value,))
     if isinstance(value, (int, float)):
-        return int(value * _BYTE_UNITS[default_unit])
-    match = _SIZE_RE.match(str(value))
+        if value < 0:
+            raise SizingError("Memory size %r is negative." % (value,))
+        return int(_finite(value * _BYTE_UNITS[default_unit], "Memory size", value))
+    match = _SIZE_RE.match(value)
     unit = match.group(2).lower() if match else None
     if not match or unit not in _BYTE_UNITS:
         raise SizingError("Memory size %r is not understood; write e.g. 80GiB or 24GB." % (value,))
-    return int(float(match.group(1)) * (_BYTE_UNITS[unit] if unit else _BYTE_UNITS[default_unit]))
+    return int(_finite(float(match.group(1)) * (_BYTE_UNITS[unit] if unit else _BYTE_UNITS[default_unit]), "Memory size", value))
 
 
 def parse_count(value):
     """``8e9``, ``"8B"``, ``"0.5B"``, ``"70b"`` -> number of parameters (int)."""
-    if isinstance(value, bool):
-        raise SizingError("Parameter count %r is not a number." % (value,))
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise SizingError("Parameter count %r is not a number or a count such as 8B." % (value,))
     if isinstance(value, (int, float)):
-        return int(value)
-    match = _SIZE_RE.match(str(value))
+        if value < 0:
+            raise SizingError("Parameter count %r is negative." % (value,))
+        return int(_finite(value, "Parameter count", value))
+    match = _SIZE_RE.match(value)
     unit = match.group(2).lower() if match else None
     if not match or unit not in _COUNT_UNITS:
         raise SizingError("Parameter count %r is not understood; write e.g. 8B or 8000000000." % (value,))
-    return int(float(match.group(1)) * _COUNT_UNITS[unit])
+    return int(_finite(float(match.group(1)) * _COUNT_UNITS[unit], "Parameter count", value))
 
 
 def dtype_bytes(dtype):
@@ -83,24 +117,72 @@ def dtype_bytes(dtype):
     return DTYPE_BYTES[key]
 
 
+def _shape_problem(value, shape):
+    if shape == POSITIVE_INT:
+        return not isinstance(value, int) or isinstance(value, bool) or value < 1
+    if shape == TEXT:
+        return not isinstance(value, str)
+    return not isinstance(value, dict)
+
+
+def check_config_shape(config, where="model config"):
+    """Raise SizingError naming the first field of ``CONFIG_FIELDS`` whose value has the wrong shape."""
+    if not isinstance(config, dict):
+        raise SizingError("The %s must be a mapping (a Hugging Face config.json), got %s." % (where, type(config).__name__))
+    for name in sorted(CONFIG_FIELDS):
+        value = config.get(name)
+        if value is not None and _shape_problem(value, CONFIG_FIELDS[name]):
+            shown = repr(value) if len(repr(value)) <= 40 else repr(value)[:40] + "..."
+            raise SizingError("%s in the %s must be %s, got %s." % (name, where, CONFIG_FIELDS[name], shown))
+
+
+def _first(cfg, *names):
+    for name in names:
+        if cfg.get(name) is not None:
+            return cfg[name]
+    return None
+
+
 def model_shape(config):
     """Layers, attention heads, KV heads, head size and dtype from a Hugging Face ``config.json`` dict."""
-    if not isinstance(config, dict):
-        raise SizingError("The model config must be a mapping (a Hugging Face config.json).")
-    cfg = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
-    layers = cfg.get("num_hidden_layers", cfg.get("n_layer", cfg.get("num_layers")))
-    heads = cfg.get("num_attention_heads", cfg.get("n_head"))
+    check_config_shape(config)
+    cfg = config
+    if config.get("text_config") is not None:
+        cfg = config["text_config"]
+        check_config_shape(cfg, "model config's text_config")
+    layers = _first(cfg, "num_hidden_layers", "n_layer", "num_layers")
+    heads = _first(cfg, "num_attention_heads", "n_head")
     if not layers or not heads:
         raise SizingError("The model config has no num_hidden_layers or num_attention_heads.")
-    kv_heads = cfg.get("num_key_value_heads") or heads
-    head_dim = cfg.get("head_dim")
+    kv_heads = _first(cfg, "num_key_value_heads") or heads
+    if kv_heads > heads or heads % kv_heads:
+        raise SizingError("num_key_value_heads %d must divide the %d attention heads." % (kv_heads, heads))
+    head_dim = _first(cfg, "head_dim")
     if not head_dim:
-        hidden = cfg.get("hidden_size", cfg.get("n_embd"))
+        hidden = _first(cfg, "hidden_size", "n_embd")
         if not hidden:
             raise SizingError("The model config has neither head_dim nor hidden_size.")
+        if hidden % heads:
+            raise SizingError("hidden_size %d is not a multiple of the %d attention heads; set head_dim." % (hidden, heads))
         head_dim = hidden // heads
-    return {"num_layers": int(layers), "num_attention_heads": int(heads), "num_kv_heads": int(kv_heads),
-            "head_dim": int(head_dim), "dtype": cfg.get("torch_dtype", config.get("torch_dtype", config.get("dtype", "bfloat16")))}
+    dtype = _first(cfg, "torch_dtype", "dtype") or _first(config, "torch_dtype", "dtype") or "bfloat16"
+    return {"num_layers": layers, "num_attention_heads": heads, "num_kv_heads": kv_heads, "head_dim": head_dim, "dtype": dtype}
+
+
+def check_plan_numbers(**numbers):
+    """Raise SizingError when a numeric argument of ``plan`` is not a number in its ``PLAN_RANGES`` range."""
+    for name in sorted(numbers):
+        value = numbers[name]
+        if value is None and name == "tensor_parallel_size":
+            continue
+        if name == "gpu_memory_utilization":
+            number = value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+            if number is None or not 0 < number <= 1:
+                raise SizingError("gpu_memory_utilization must be in (0, 1], got %r." % (value,))
+            continue
+        low, high = PLAN_RANGES[name]
+        if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
+            raise SizingError("%s must be a whole number between %d and %d, got %r." % (name, low, high, value))
 
 
 def kv_bytes_per_token(shape, kv_dtype_bytes, tp=1):
@@ -112,6 +194,8 @@ def kv_bytes_per_token(shape, kv_dtype_bytes, tp=1):
 def plan(model_config, parameters, gpu_memory, max_model_len, max_num_seqs=1, dtype=None, kv_cache_dtype="auto",
          gpu_memory_utilization=0.9, reserved_memory="1GiB", max_gpus=8, tensor_parallel_size=None):
     """Return a memory plan (a dict) or raise :class:`SizingError` when the request does not fit."""
+    check_plan_numbers(max_model_len=max_model_len, max_num_seqs=max_num_seqs, max_gpus=max_gpus,
+                       tensor_parallel_size=tensor_parallel_size, gpu_memory_utilization=gpu_memory_utilization)
     shape = model_shape(model_config)
     dtype = dtype or shape["dtype"] or "bfloat16"
     wbytes = dtype_bytes(dtype)
@@ -119,12 +203,10 @@ def plan(model_config, parameters, gpu_memory, max_model_len, max_num_seqs=1, dt
     n_params = parse_count(parameters)
     gpu_bytes = parse_bytes(gpu_memory)
     reserved = parse_bytes(reserved_memory)
-    if not 0 < float(gpu_memory_utilization) <= 1:
-        raise SizingError("gpu_memory_utilization must be in (0, 1], got %r." % (gpu_memory_utilization,))
-    if int(max_model_len) <= 0 or int(max_num_seqs) <= 0:
-        raise SizingError("max_model_len and max_num_seqs must be positive.")
     if n_params <= 0:
         raise SizingError("The parameter count must be positive.")
+    if gpu_bytes <= 0:
+        raise SizingError("gpu_memory must be positive.")
     tokens = int(max_model_len) * int(max_num_seqs)
     usable = int(gpu_bytes * float(gpu_memory_utilization)) - reserved
     if usable <= 0:

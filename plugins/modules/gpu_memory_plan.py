@@ -26,13 +26,21 @@ extends_documentation_fragment:
   - inference_cache.substrate._attributes.CHECK
 options:
   model_config:
-    description: The model's C(config.json) as a mapping. Exactly one of O(model_config) and O(model_config_path) is required.
+    description:
+      - The model's C(config.json) as a mapping. Exactly one of O(model_config) and O(model_config_path) is required.
+      - The fields read must have their Hugging Face types when present (null counts as absent), or the module fails
+        with one sentence naming the field; C(num_hidden_layers) (or C(n_layer), C(num_layers)),
+        C(num_attention_heads) (or C(n_head)), C(num_key_value_heads), C(head_dim), C(hidden_size) (or C(n_embd))
+        positive whole numbers; C(torch_dtype), C(dtype) strings; C(text_config) a mapping (multimodal models, read
+        instead of the top level). Other keys are ignored.
+      - C(num_key_value_heads) must divide C(num_attention_heads); without C(head_dim), C(hidden_size) must be a
+        multiple of C(num_attention_heads).
     type: dict
   model_config_path:
     description: Path to the model's C(config.json).
     type: path
   parameters:
-    description: Number of parameters, as a number or with a suffix (C(8B), C(0.6B), C(70b)).
+    description: Number of parameters, as a number or with a suffix (C(8B), C(0.6B), C(70b), C(8e9)); positive.
     type: str
     required: true
   dtype:
@@ -43,11 +51,11 @@ options:
     type: str
     default: auto
   gpu_memory:
-    description: Memory of one GPU, a number of GiB or a size such as C(80GiB), C(24GB).
+    description: Memory of one GPU, a number of GiB or a size such as C(80GiB), C(24GB); positive.
     type: str
     required: true
   gpu_memory_utilization:
-    description: Fraction of the GPU the engine may use (vLLM C(--gpu-memory-utilization)).
+    description: Fraction of the GPU the engine may use (vLLM C(--gpu-memory-utilization)); above 0 and at most 1.
     type: float
     default: 0.9
   reserved_memory:
@@ -55,19 +63,21 @@ options:
     type: str
     default: 1GiB
   max_model_len:
-    description: The context length to serve (vLLM C(--max-model-len)).
+    description: The context length to serve (vLLM C(--max-model-len)); between 1 and 100000000.
     type: int
     required: true
   max_num_seqs:
-    description: Sequences that must fit at full context at the same time.
+    description: Sequences that must fit at full context at the same time; between 1 and 1000000.
     type: int
     default: 1
   max_gpus:
-    description: Largest tensor-parallel size allowed (GPUs per replica).
+    description: Largest tensor-parallel size allowed (GPUs per replica); between 1 and 4096.
     type: int
     default: 8
   tensor_parallel_size:
-    description: Check this tensor-parallel size only, instead of searching for the smallest that fits.
+    description:
+      - Check this tensor-parallel size only, instead of searching for the smallest that fits.
+      - Between 1 and 4096, and a divisor of the attention heads.
     type: int
 """
 
@@ -159,7 +169,8 @@ def main():
             with open(p["model_config_path"], "r") as handle:
                 config = json.load(handle)
         except (IOError, OSError, ValueError) as exc:
-            module.fail_json(msg="Cannot read the model config %s: %s." % (p["model_config_path"], exc))
+            reason = getattr(exc, "strerror", None) or str(exc).splitlines()[0]
+            module.fail_json(msg="Cannot read the model config %s: %s." % (p["model_config_path"], reason.rstrip(".")), changed=False)
     try:
         result = plan(config, p["parameters"], p["gpu_memory"], p["max_model_len"], max_num_seqs=p["max_num_seqs"],
                       dtype=p["dtype"], kv_cache_dtype=p["kv_cache_dtype"], gpu_memory_utilization=p["gpu_memory_utilization"],

@@ -16,7 +16,12 @@ description:
   - Writes each entry of O(files) under O(dest) on the Ansible controller, creating folders as needed.
   - Used by the render mode of the Kubernetes roles (C(<role>_render_dir)); runs as an action plugin, so rendering many
     profiles does not start one module process per file.
-  - A file whose content is already the same is left alone (idempotent); in check mode nothing is written.
+  - A file whose content and mode are already the same is left alone (idempotent). A file whose content is the same
+    but whose mode differs gets the mode and counts as changed. In check mode nothing is written and the same files are
+    reported; with C(--diff) the content and mode changes are shown.
+  - Refuses, with one sentence and before writing anything, a content that is not text (a mapping, a list, a number);
+    render it to text in the task, for example with P(ansible.builtin.to_nice_yaml#filter), so the format is chosen
+    there and not guessed here.
 author:
   - inference_cache.substrate contributors (@inference-cache)
 extends_documentation_fragment:
@@ -25,7 +30,7 @@ attributes:
   check_mode:
     support: full
   diff_mode:
-    support: none
+    support: full
   idempotent:
     support: full
 options:
@@ -34,12 +39,17 @@ options:
     type: path
     required: true
   files:
-    description: Mapping of paths relative to O(dest) to their text content. Paths may not leave O(dest).
+    description:
+      - Mapping of paths relative to O(dest) to their text content, written as UTF-8.
+      - Paths may not leave O(dest) (no absolute paths, no C(..) out of it, no symbolic link pointing out of it).
+      - Every content must be a string.
     type: dict
     required: true
   mode:
-    description: Permissions of the files written.
-    type: str
+    description:
+      - Permissions of the files written, an octal string such as V("0644") (or an integer, as YAML reads an unquoted
+        V(0644)). Applied to unchanged files too.
+    type: raw
     default: "0644"
 """
 
@@ -58,7 +68,7 @@ files:
   type: list
   elements: str
 changed_files:
-  description: The files whose content changed (or would change in check mode).
+  description: The files whose content or mode changed (or would change in check mode).
   returned: always
   type: list
   elements: str
@@ -66,13 +76,11 @@ changed_files:
 
 from ansible.module_utils.basic import AnsibleModule
 
+from ansible_collections.inference_cache.substrate.plugins.module_utils._render_files import ARGUMENT_SPEC
+
 
 def main():
-    module = AnsibleModule(
-        argument_spec=dict(dest=dict(type="path", required=True), files=dict(type="dict", required=True),
-                           mode=dict(type="str", default="0644")),
-        supports_check_mode=True,
-    )
+    module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
     module.fail_json(msg="render_files runs as an action plugin on the controller; it cannot run as a module.")
 
 

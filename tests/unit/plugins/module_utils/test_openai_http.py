@@ -300,7 +300,7 @@ def test_threads_do_not_share_state(server):
     """One client per thread, as H6's multi-engine check may do: no module-level state is shared."""
     server.routes["/metrics"] = (200, "text/plain", b"up 1\n")
     results = []
-    threads = [threading.Thread(target=lambda: results.append(http.OpenAIClient(server.url).get_text("/metrics"))) for _ in range(4)]
+    threads = [threading.Thread(target=lambda: results.append(http.OpenAIClient(server.url).get_text("/metrics"))) for dummy in range(4)]
     for thread in threads:
         thread.start()
     for thread in threads:

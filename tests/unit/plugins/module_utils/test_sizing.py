@@ -94,7 +94,7 @@ def test_parse_count(value, expected):
     (lambda: S.dtype_bytes("float13"), "Data type 'float13' is not one of"),
     (lambda: S.model_shape({"hidden_size": 10}), "The model config has no num_hidden_layers or num_attention_heads."),
     (lambda: S.plan(LLAMA_8B, "8B", "2GiB", 1024, reserved_memory="4GiB"), "A GPU of 2.0 GiB leaves no memory"),
-    (lambda: S.plan(LLAMA_8B, "8B", "24GiB", 0), "max_model_len and max_num_seqs must be positive."),
+    (lambda: S.plan(LLAMA_8B, "8B", "24GiB", 0), "max_model_len must be a whole number between 1 and 100000000, got 0."),
     (lambda: S.plan(LLAMA_8B, "8B", "24GiB", 1024, gpu_memory_utilization=1.5), "gpu_memory_utilization must be in (0, 1]"),
 ])
 def test_bad_inputs_fail_with_one_sentence(call, message):
