@@ -43,16 +43,21 @@ options:
     description:
       - Number of data-parallel ranks. Rank N publishes on the port of O(endpoint) plus N (and its replay
         endpoint on the port of O(replay_endpoint) plus N), as vLLM and SGLang do.
+      - Between V(1) and V(64); every rank costs a subscriber socket, its monitor and a replay socket.
     type: int
     default: 1
   replay_endpoint:
     description:
       - ROUTER endpoint of the engine's replay buffer (vLLM C(replay_endpoint)), for example V(tcp://127.0.0.1:5558).
       - When set, sequence gaps are repaired by asking for the missing batches; without it gaps stay unrepaired.
+      - When set, the check also asks for everything after the last batch seen on each stream when the stream goes
+        quiet with the expectations unmet, and once more before it reports, so a burst whose last batches were
+        dropped at the publisher's high-water mark (no later batch reveals that gap) is still counted in full.
     type: str
   timeout:
     description:
       - Seconds to wait, in total (monotonic clock), for connection, events, replay and the trigger request.
+      - More than V(0), at most V(86400).
     type: float
     default: 30.0
 """

@@ -17,7 +17,10 @@ description:
     decodes every wire dialect (vLLM map-encoded events from 0.24 on, positional arrays before, SGLang arrays,
     integer or byte block hashes) and reports what arrived.
   - Tracks sequence numbers per topic and data-parallel rank, detects gaps and engine restarts, and repairs gaps
-    through the engine's replay ROUTER endpoint when O(replay_endpoint) is set.
+    through the engine's replay ROUTER endpoint when O(replay_endpoint) is set, including the tail of a burst
+    (batches after the last one that arrived, dropped at the publisher's high-water mark).
+  - Every option is checked (types, ranges, endpoint and URL shapes) before anything is opened; a wrong one fails
+    with one sentence that names it. Frames larger than 64 MiB are refused, and at most 256 topics are tracked.
   - Optionally sends one completion request (O(trigger)) once the subscription is live, so the events it causes
     are not lost to the ZMQ slow-joiner effect.
   - Stops as soon as the expectations are met and the stream was quiet for O(settle) seconds, or fails after O(timeout).
@@ -39,7 +42,8 @@ attributes:
 options:
   expect:
     description:
-      - Minimum number of events per type, keyed by V(BlockStored), V(BlockRemoved) or V(AllBlocksCleared).
+      - Minimum number of events per type, keyed by V(BlockStored), V(BlockRemoved) or V(AllBlocksCleared)
+        (each between V(0) and V(1000000000)).
       - V({}) only requires that at least one batch arrives.
     type: dict
     default: {BlockStored: 1}
@@ -52,7 +56,7 @@ options:
   settle:
     description:
       - Once the expectations are met, keep listening until no message arrived for this many seconds, then stop.
-      - V(0) stops as soon as the expectations are met.
+      - V(0) stops as soon as the expectations are met. At most V(3600).
     type: float
     default: 1.0
   trigger:
@@ -75,7 +79,7 @@ options:
           - When omitted, a built-in English prompt of about 100 tokens is used.
         type: str
       max_tokens:
-        description: Tokens to generate.
+        description: Tokens to generate, between V(1) and V(1000000).
         type: int
         default: 1
       api_key:
@@ -86,7 +90,7 @@ options:
         type: dict
         default: {}
       delay:
-        description: Seconds to wait after the peer connected before sending, so the subscription has propagated.
+        description: Seconds to wait after the peer connected before sending, so the subscription has propagated (at most V(3600)).
         type: float
         default: 0.5
   capture_path:
@@ -151,10 +155,13 @@ seq:
   type: dict
   sample: {"kv-events#0": {first: 0, last: 3, batches: 4}}
 gaps:
-  description: Sequence gaps found, repaired through replay, and left unrepaired (with up to 20 details).
+  description:
+    - Sequence gaps found, repaired through replay, and left unrepaired (with up to 20 details).
+    - C(tail) counts the gaps found at the end of a stream by asking the replay endpoint for everything after the
+      last batch seen, and the batches they returned; such a gap has C(tail=true) in the details.
   returned: always
   type: dict
-  sample: {found: 1, repaired: 1, unrepaired: 0, details: []}
+  sample: {found: 1, repaired: 1, unrepaired: 0, details: [], tail: {found: 0, batches: 0}}
 restarts:
   description: Engine restarts seen (sequence went back), up to 20.
   returned: always
@@ -274,7 +281,17 @@ from ansible_collections.inference_cache.substrate.plugins.module_utils._kv_zmq 
 def main():
     argument_spec = dict(KV_STREAM_ARG_SPEC)
     argument_spec.update(CHECK_ARG_SPEC)
-    module = AnsibleModule(argument_spec=argument_spec, supports_check_mode=True)
+    try:
+        module = AnsibleModule(argument_spec=argument_spec, supports_check_mode=True)
+    except (TypeError, AttributeError, ValueError):
+        # ansible-core's validator raises on some shapes (a list where a mapping with suboptions is expected);
+        # take the options as they are and let the check's own validation name the one that is wrong.
+        module = AnsibleModule(argument_spec=dict((name, {"type": "raw"}) for name in argument_spec), supports_check_mode=True)
+        try:
+            KVEventsCheck(module.params).validate()
+        except CheckFailed as exc:
+            module.fail_json(msg=exc.msg, changed=False)
+        module.fail_json(msg="The options could not be validated; check their types against the module documentation.", changed=False)
     if not HAS_ZMQ:
         module.fail_json(msg=missing_required_lib("pyzmq"), exception=ZMQ_IMPORT_ERROR)
     if not HAS_MSGSPEC:

@@ -10,9 +10,11 @@ from __future__ import absolute_import, division, print_function
 __metaclass__ = type  # pylint: disable=invalid-name
 
 import json
+import time
 
 import msgspec
 import pytest
+import zmq
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -317,3 +319,72 @@ def test_synthetic_publisher_payloads_decode(fmt, hash_kind):
     batch = dec.decode_payload(payload)
     assert [e.type for e in batch.events] == ["BlockStored", "BlockRemoved"]
     assert batch.rank == 1 and not batch.errors
+
+
+# Near-valid batches: the right outer shape with events whose fields have random types (both decoder paths).
+FIELD_VALUES = st.one_of(SCALARS, st.lists(SCALARS, max_size=4), st.dictionaries(st.text(max_size=4), SCALARS, max_size=3))
+WRONG_EVENTS = st.one_of(
+    st.fixed_dictionaries({"type": st.sampled_from(kv.EVENT_TYPES + ("Other",))},
+                          optional=dict((name, FIELD_VALUES) for name in kv.VLLM_STORED_FIELDS + ("metadata",))),
+    st.lists(FIELD_VALUES, max_size=12).map(lambda values: [values[0] if values and isinstance(values[0], str) else "BlockStored"] + values[1:]),
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(WRONG_EVENTS, max_size=4), st.one_of(SCALARS, st.integers(0, 3)), st.booleans(), st.booleans(), st.sampled_from(["auto", "vllm", "sglang"]))
+def test_events_of_wrong_shapes_never_crash(events, rank, as_map, include_token_ids, engine):
+    obj = {"ts": 1.0, "events": events, "data_parallel_rank": rank} if as_map else [1.0, events, rank]
+    stats = report.KVStats()
+    try:
+        batch = kv.KVDecoder(engine=engine, include_token_ids=include_token_ids).decode_frames([b"kv", b"\x00" * 8, ENC(obj)])
+    except kv.MalformedMessage as exc:
+        assert str(exc)
+        return
+    stats.add_batch(batch)
+    facts = stats.facts()
+    json.dumps(facts)
+    assert sum(facts["counts"].values()) + facts["malformed"]["count"] + sum(facts["unknown_event_types"].values()) == len(events)
+
+
+def test_tail_recorded_and_late_live_copies_are_duplicates():
+    tr = stream.SequenceTracker()
+    tr.observe("t", 0, 0)
+    tr.observe("t", 0, 1)
+    assert tr.tail_start("t#0") == 2
+    gap = tr.record_tail("t#0", [2, 3, 5])  # 4 never came back
+    assert (gap["start"], gap["end"], gap["repaired"], gap["still_missing"], gap["tail"]) == (2, 5, False, 1, True)
+    assert tr.observe("t", 0, 3) == ("duplicate", None)  # a live copy still on its way
+    assert tr.observe("t", 0, 6)[0] == "next"
+    assert tr.record_tail("t#0", []) is None
+    facts = tr.facts()
+    assert facts["gaps"]["tail"] == {"found": 1, "batches": 3} and facts["seq"]["t#0"] == {"first": 0, "last": 6, "batches": 6}
+
+
+def test_streams_and_topics_are_bounded():
+    tr = stream.SequenceTracker(max_streams=2)
+    assert [tr.observe("t%d" % i, 0, 0)[0] for i in range(3)] == ["first", "first", "overflow"]
+    stats = report.KVStats(max_topics=2)
+    for name in ("a", "b", "c", "d"):
+        stats.add_other_topic(name)
+    assert stats.facts()["other_topics"] == {"a": 1, "b": 1, report.OTHER_TOPICS_OVERFLOW: 2}
+    stats.add_batch(kv.KVDecoder().decode_frames(frames(ENC([1, [VLLM_MAP_STORED], 0]), topic=b"x")))
+    stats.add_batch(kv.KVDecoder().decode_frames(frames(ENC([1, [VLLM_MAP_STORED], 0]), topic=b"y")))
+    assert stats.accepts_topic("x") and not stats.accepts_topic("z")
+
+
+def test_frames_above_the_size_bound_are_refused_by_libzmq():
+    ctx = zmq.Context()
+    try:
+        pub = ctx.socket(zmq.PUB)
+        port = pub.bind_to_random_port("tcp://127.0.0.1")
+        results = []
+        for max_frame in (4096, 0):  # with the bound, then without
+            sub, _mon = kvz.open_socket(ctx, zmq.SUB, "tcp://127.0.0.1:%d" % port, bind=False, max_frame=max_frame)
+            time.sleep(0.3)  # subscription propagates
+            pub.send_multipart([b"kv", b"\x00" * 8, b"\x00" * 10000])
+            results.append(bool(sub.poll(1000)))
+            sub.close(0)
+        assert results == [False, True]
+        assert kvz.MAX_FRAME > kv.MAX_PAYLOAD
+    finally:
+        ctx.destroy(0)

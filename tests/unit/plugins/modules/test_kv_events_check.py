@@ -10,14 +10,18 @@ from __future__ import absolute_import, division, print_function
 __metaclass__ = type  # pylint: disable=invalid-name
 
 import json
+import re
 import threading
 from http.server import BaseHTTPRequestHandler, HTTPServer
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from ansible_collections.inference_cache.substrate.plugins.modules import kv_events_check
 from ansible_collections.inference_cache.substrate.tests.unit.plugins.modules.utils import run_module as run
 from ansible_collections.inference_cache.substrate.tests.unit.plugins.net_utils import free_port
+from ansible_collections.inference_cache.substrate.tests.unit.plugins.sentences import assert_one_sentence
 
 
 def run_module(args, check_mode=False):
@@ -145,3 +149,64 @@ def test_trigger_http_error_message(publisher):
         ok, res = run_module({"endpoint": ep, "timeout": 5, "trigger": {"url": "http://127.0.0.1:%d" % free_port(), "model": "m"}})
     assert not ok and res["msg"].startswith("The trigger request failed: Cannot reach http://127.0.0.1:")
     assert res["trigger"]["sent"] is True and res["peer_connected"] == [True] and "counts" in res
+
+
+# -- wrong types and shapes: one sentence naming the option, never a traceback ---------------------------------
+def _text(**kwargs):
+    """Printable text: ansible-core echoes a rejected choice as it is, control characters included."""
+    return st.text(alphabet=st.characters(blacklist_categories=("Cc", "Cs")), **kwargs) if "alphabet" not in kwargs else st.text(**kwargs)
+
+
+NOT_A_NUMBER = _text(alphabet="abcxyz -_", min_size=1, max_size=6).filter(lambda t: t.strip().lower() not in ("nan", "inf", "infinity"))
+SHAPES = st.one_of(st.lists(st.integers(), min_size=1, max_size=3), st.dictionaries(_text(max_size=3), st.integers(), min_size=1, max_size=2))
+
+
+def _bad_float(low, high):
+    return st.one_of(st.floats(max_value=low, exclude_max=low == 0.0), st.floats(min_value=high, exclude_min=True),
+                     st.sampled_from([float("nan"), float("inf"), float("-inf")]), NOT_A_NUMBER, SHAPES)
+
+
+WRONG_VALUES = {
+    "endpoint": st.one_of(_text(max_size=12).filter(lambda t: "://" not in t), st.integers(), SHAPES),
+    "replay_endpoint": st.one_of(_text(min_size=1, max_size=12).filter(lambda t: "://" not in t), st.integers(), SHAPES),
+    "socket_mode": _text(max_size=8).filter(lambda t: t not in ("connect", "bind")),
+    "engine": _text(max_size=8).filter(lambda t: t not in ("auto", "vllm", "sglang")),
+    "data_parallel_size": st.one_of(st.integers(max_value=0), st.integers(min_value=65), NOT_A_NUMBER, SHAPES,
+                                    st.floats(allow_nan=False, allow_infinity=False).filter(lambda f: f != int(f))),
+    "timeout": _bad_float(0.0, 86400.0),
+    "settle": st.one_of(st.floats(max_value=-0.001), st.floats(min_value=3600.001), st.sampled_from([float("nan"), float("inf")]),
+                        NOT_A_NUMBER, SHAPES),
+    "expect": st.one_of(st.lists(st.integers(), min_size=1, max_size=3),
+                        st.dictionaries(_text(min_size=1, max_size=8).filter(lambda k: k not in ("BlockStored", "BlockRemoved", "AllBlocksCleared")),
+                                        st.integers(0, 3), min_size=1, max_size=2),
+                        st.dictionaries(st.sampled_from(["BlockStored", "BlockRemoved"]),
+                                        st.one_of(st.integers(max_value=-1), st.lists(st.integers(), max_size=2), NOT_A_NUMBER,
+                                                  st.floats(allow_nan=False).filter(lambda f: f != int(f) if f == f and abs(f) != float("inf") else True)),
+                                        min_size=1, max_size=2)),
+    "trigger": st.one_of(SHAPES.filter(lambda v: not isinstance(v, dict)),
+                         st.fixed_dictionaries({"url": _text(max_size=10).filter(lambda u: not u.lower().startswith(("http://", "https://")))}),
+                         st.fixed_dictionaries({"url": st.just("http://127.0.0.1:9"), "max_tokens": st.one_of(st.integers(max_value=0), SHAPES)}),
+                         st.fixed_dictionaries({"url": st.just("http://127.0.0.1:9"), "delay": _bad_float(0.0, 3600.0)}),
+                         st.fixed_dictionaries({"url": st.just("http://127.0.0.1:9"), "headers": st.lists(st.integers(), min_size=1, max_size=2)}),
+                         st.fixed_dictionaries({"model": _text(max_size=5)})),
+    "include_token_ids": st.one_of(_text(alphabet="abcxyz", min_size=2, max_size=6).filter(lambda t: t not in ("yes", "no", "on", "off")), SHAPES),
+    "expect_removed_after_stored": st.one_of(st.integers(min_value=2), SHAPES),
+}
+
+
+# Sentences of ansible-core's argument validation (type conversion, choices, required suboptions).
+ANSIBLE_OWN = ("argument '", "value of ", "missing required arguments", "Unsupported parameters", "elements of ")
+
+
+@settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.sampled_from(sorted(WRONG_VALUES)).flatmap(lambda name: st.tuples(st.just(name), WRONG_VALUES[name])))
+def test_wrong_types_and_shapes_fail_with_one_sentence(case):
+    name, value = case
+    ok, res = run_module({"endpoint": "tcp://127.0.0.1:1", "timeout": 0.3, "settle": 0.0, name: value})
+    assert not ok, res
+    msg = res["msg"]
+    assert_one_sentence(msg)
+    if not msg.startswith(ANSIBLE_OWN):  # ansible-core's own argument messages have their own form
+        assert msg.endswith(".") and not re.search(r"[.!?]\s+[A-Z]", msg), "not one sentence: %r" % msg
+    assert name.split("_after")[0] in msg or name in msg, msg  # the sentence names the option
+    assert res.get("elapsed", 0.0) < 0.3, msg  # refused before waiting for the stream
