@@ -290,6 +290,7 @@ def test_without_ansible_the_stdlib_transport_applies_the_same_options(tls_serve
     """The cluster verifier's Job has no Ansible: the urllib fallback must verify TLS the same way."""
     srv, cert = tls_server
     monkeypatch.setattr(http, "Request", None)
+    monkeypatch.setattr(http, "make_context", None)
     with pytest.raises(http.OpenAIHTTPError, match="certificate verify failed"):
         http.OpenAIClient(srv.url, timeout=5).get_text("/metrics")
     assert http.OpenAIClient(srv.url, timeout=5, ca_path=cert).get_text("/metrics") == "secure 1\n"
@@ -306,3 +307,14 @@ def test_threads_do_not_share_state(server):
     for thread in threads:
         thread.join()
     assert results == ["up 1\n"] * 4
+
+
+def test_tls_context_is_built_once_per_client(tls_server, monkeypatch):
+    """Loading the CA bundle costs ~0.15 s: once per client, never inside each (timed) request; none for plain http."""
+    srv, cert = tls_server
+    built = []
+    real = http.make_context
+    monkeypatch.setattr(http, "make_context", lambda **kwargs: built.append(kwargs) or real(**kwargs))
+    client = http.OpenAIClient(srv.url, timeout=5, ca_path=cert)
+    assert [client.get_text("/metrics") for dummy in range(3)] == ["secure 1\n"] * 3
+    assert built == [{"cafile": cert, "validate_certs": True, "client_cert": None, "client_key": None}]

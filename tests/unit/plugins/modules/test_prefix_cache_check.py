@@ -9,15 +9,19 @@ from __future__ import absolute_import, division, print_function
 
 __metaclass__ = type  # pylint: disable=invalid-name
 
+import functools
 import json
 
 import pytest
-
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from ansible_collections.inference_cache.substrate.plugins.modules import prefix_cache_check as module
 from ansible_collections.inference_cache.substrate.plugins.module_utils import _prefix_cache as pc
 from ansible_collections.inference_cache.substrate.tests.unit.plugins.modules.utils import run_module
+from ansible_collections.inference_cache.substrate.tests.unit.plugins.http_server import ScriptedServer, sse
 from ansible_collections.inference_cache.substrate.tests.unit.plugins.net_utils import free_port
+from ansible_collections.inference_cache.substrate.tests.unit.plugins.sentences import assert_one_sentence
 
 
 def run(args):
@@ -134,3 +138,146 @@ def test_check_mode_runs_the_same(probe):
     failed, result = run({"_ansible_check_mode": True, "min_hit_tokens": 512})
     assert "client" in probe
     assert failed and result["failures"] == ["The warm request hit 256 cached tokens, fewer than min_hit_tokens=512."]
+
+
+# -- the real probe and client against a scripted server on 127.0.0.1 ---------------------------------------------
+class ScriptedVLLM:
+    """A vLLM in miniature over real HTTP: one token per word plus BOS, 4-token blocks, the last token always computed."""
+
+    BLOCK = 4
+
+    def __init__(self, server):
+        self.server = server
+        self.blocks = set()
+        self.hits = 0
+        self.queries = 0
+        self.good()
+
+    def good(self):
+        self.server.routes.update({
+            "/v1/models": (200, "application/json", json.dumps({"data": [{"id": "tiny"}]}).encode()),
+            "/tokenize": (200, "application/json", lambda body: json.dumps({"count": len(body["prompt"].split()) + 1}).encode()),
+            "/metrics": (200, "text/plain", lambda body: self.page().encode()),
+            "/v1/completions": (200, "text/event-stream", self.complete),
+        })
+
+    def page(self):
+        return ("# TYPE vllm:prefix_cache_hits counter\nvllm:prefix_cache_hits_total %d\n"
+                "# TYPE vllm:prefix_cache_queries counter\nvllm:prefix_cache_queries_total %d\n"
+                "# TYPE vllm:cache_config_info gauge\nvllm:cache_config_info{block_size=\"%d\"} 1\n" % (self.hits, self.queries, self.BLOCK))
+
+    def complete(self, body):
+        toks = ["<s>"] + body["prompt"].split()
+        chain = [tuple(toks[:(i + 1) * self.BLOCK]) for i in range(len(toks) // self.BLOCK)]
+        cached = 0
+        for key in chain[:(len(toks) - 1) // self.BLOCK]:
+            if key not in self.blocks:
+                break
+            cached += self.BLOCK
+        self.blocks.update(chain)
+        self.hits += cached
+        self.queries += len(toks)
+        usage = {"prompt_tokens": len(toks), "completion_tokens": 1, "prompt_tokens_details": {"cached_tokens": cached}}
+        return sse({"choices": [{"text": "x"}]}, {"choices": [], "usage": usage})
+
+
+@pytest.fixture(scope="module")
+def server():
+    srv = ScriptedServer().start()
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture
+def vllm(server, monkeypatch):
+    """The scripted engine, fresh; the probe's settle wait is 0 so a counter that never moves costs no time."""
+    monkeypatch.setattr(module, "PrefixCacheProbe", functools.partial(pc.PrefixCacheProbe, settle=0.0))
+    for name in ("http_proxy", "HTTP_PROXY", "no_proxy", "NO_PROXY"):
+        monkeypatch.delenv(name, raising=False)
+    return ScriptedVLLM(server)
+
+
+def test_real_probe_measures_the_scripted_engine(vllm):
+    failed, result = run({"url": vllm.server.url, "prefix_tokens": 16, "min_hit_tokens": 16})
+    assert not failed, result["msg"]
+    # 16 words + BOS + nonce = 18 shared tokens; each prompt adds 6 words: 24 tokens, 4 full shared blocks
+    assert (result["prefix_tokens"], result["warm"]["prompt_tokens"]) == (18, 24)
+    assert result["hit_tokens"] == 16 and result["cached_tokens"] == 16 and result["expected_hit_tokens"] == 16
+    assert result["cold"]["hit_tokens"] == 0 and result["query_tokens"] == 48
+    assert result["block_size"] == 4 and result["block_size_source"] == "metrics"
+
+
+SHAPES = [
+    ("/v1/completions", sse([{"text": "x"}]), "streamed a chunk that is not a JSON object"),
+    ("/v1/completions", sse({"choices": ["x"]}), "streamed a choice that is not a JSON object"),
+    ("/v1/completions", sse({"choices": [], "usage": [1]}), "reported a usage that is not a JSON object"),
+    ("/v1/completions", sse({"choices": [{"text": "x"}], "usage": {"prompt_tokens_details": {"cached_tokens": "lots"}}}),
+     'reported cached_tokens that is not a whole number: "lots"'),
+    ("/v1/completions", sse({"choices": [{"text": "x"}], "usage": {"prompt_tokens": 3.5}}), "reported usage.prompt_tokens that is not a whole number: 3.5"),
+    ("/v1/completions", [b"data: {oops\n\n"], "streamed a chunk that is not JSON"),
+    ("/v1/completions", [b"data: [DONE]\n\n"], "streamed no completion chunk"),
+    ("/v1/completions", sse(*[{"choices": [{"text": "x" * 1000}]}] * 2000), "streamed more than 1048576 bytes (max_body_bytes)"),
+    ("/metrics", b"x" * (1024 * 1024 + 1), "answered more than 1048576 bytes (max_body_bytes)"),
+    ("/metrics", b"vllm:prefix_cache_hits_total{ 1\n", "The metrics page is not in the Prometheus text format"),
+    ("/metrics", b"vllm:prefix_cache_hits_total NaN\nvllm:prefix_cache_queries_total 1\n", "is not a finite number on the metrics page."),
+    ("/v1/models", b"[]", "The server lists no model at /v1/models; set the model option."),
+    ("/v1/models", b"<html>", "/v1/models did not answer JSON"),
+    ("/v1/models", json.dumps({"data": [{"id": ["tiny"]}]}).encode(), "The server lists no model at /v1/models"),
+]
+
+
+@pytest.mark.parametrize("path, body, message", SHAPES)
+def test_answers_of_the_wrong_shape_are_one_sentence(vllm, path, body, message):
+    ctype = "text/event-stream" if path == "/v1/completions" else "application/json"
+    vllm.server.routes[path] = (200, ctype, body)
+    failed, result = run({"url": vllm.server.url, "prefix_tokens": 16, "max_body_bytes": 1024 * 1024})
+    assert failed and message in result["msg"]
+    assert_one_sentence(result["msg"])
+
+
+@pytest.mark.parametrize("timeout", [0, -3])
+def test_zero_and_negative_timeouts_are_one_sentence(vllm, timeout):
+    failed, result = run({"url": vllm.server.url, "timeout": timeout})
+    assert failed and result["msg"] == "timeout must be above 0 and at most 3600, got %d." % timeout
+    assert vllm.server.requests == [] or all(r[1] != "/v1/completions" for r in vllm.server.requests[-3:])
+
+
+JSON = st.recursive(
+    st.none() | st.booleans() | st.integers(-10, 10 ** 20) | st.floats() | st.text(max_size=6),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.sampled_from(
+        ["data", "id", "count", "tokens", "choices", "text", "delta", "content", "usage", "prompt_tokens",
+         "prompt_tokens_details", "cached_tokens", "error", "message"]), inner, max_size=4),
+    max_leaves=10)
+BODIES = st.one_of(JSON.map(lambda value: json.dumps(value).encode()), st.binary(max_size=40),
+                   st.lists(JSON, min_size=1, max_size=3).map(lambda chunks: b"".join(sse(*chunks))))
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(answers=st.fixed_dictionaries({}, optional={path: BODIES for path in ("/v1/models", "/tokenize", "/metrics", "/v1/completions")}),
+       status=st.sampled_from([200, 200, 200, 404, 500]))
+def test_generated_server_answers_never_raise(vllm, answers, status):
+    """Whatever the server answers, the module reports a measurement or fails with one sentence."""
+    vllm.good()
+    for path, body in answers.items():
+        vllm.server.routes[path] = (status, "application/json", body)
+    failed, result = run({"url": vllm.server.url, "prefix_tokens": 8, "min_hit_tokens": 0, "timeout": 5})
+    if failed:
+        assert_one_sentence(result["msg"])
+    else:
+        assert isinstance(result["hit_tokens"], int) and result["changed"] is False
+
+
+OPTION_VALUES = st.one_of(st.none(), st.booleans(), st.integers(-10 ** 6, 10 ** 6), st.floats(), st.text(max_size=8),
+                          st.lists(st.integers(), max_size=2), st.dictionaries(st.text(max_size=2), st.integers(), max_size=2))
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(options=st.fixed_dictionaries({}, optional={name: OPTION_VALUES for name in (
+    "prefix_tokens", "block_size", "max_tokens", "timeout", "min_hit_tokens", "max_body_bytes", "engine", "model",
+    "validate_certs", "use_proxy", "expect_warm_faster", "metrics_url", "prefix")}))
+def test_generated_options_never_raise(vllm, options):
+    """Wrong types and out-of-range numbers for every option: a measurement or one sentence, never an exception."""
+    vllm.good()
+    failed, result = run(dict(options, url=vllm.server.url))
+    if failed:
+        assert_one_sentence(result["msg"])
