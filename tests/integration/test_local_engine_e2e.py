@@ -164,7 +164,7 @@ def test_verify_asserts_can_fail(tmp_path, extra, message):
 
 def test_site_second_run_changes_nothing():
     pid_before = open(os.path.join(STATE_DIR, "run", "default", "engine.pid")).read()
-    result = _playbook("playbooks/site.yml", "--skip-tags", "molecule-idempotence-notest")
+    result = _playbook("playbooks/site.yml")
     assert result.returncode == 0, result.stdout[-3000:]
     assert _recap(result.stdout)["changed"] == 0, result.stdout[-3000:]
     assert open(os.path.join(STATE_DIR, "run", "default", "engine.pid")).read() == pid_before

@@ -3,11 +3,14 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
 
-"""Static checks of the local_engine and verify roles (no engine needed).
+"""Checks of the local_engine and verify roles that need no engine.
 
 * defaults/main.yml and meta/argument_specs.yml list the same variables, all with the role prefix;
-* the launcher template renders the command REFERENCE part L says works;
-* engine_ctl.py finds a taken port and names its owner, starts and stops a process group, refuses a second start.
+* the launcher template, rendered by Ansible with the role's defaults and run with a stand-in Python, passes the
+  engine the command and environment REFERENCE part L says work, ``local_engine_kv_events_options`` merged;
+* the engine's process control (module_utils/_engine_process.py and the module local_engine_service) finds a taken port
+  and names its owner, starts and stops a process group, restarts on new settings, and never signals a pid that is not
+  the engine it started (a pid reused after a reboot or after the engine died).
 """
 
 from __future__ import absolute_import, division, print_function
@@ -16,6 +19,8 @@ __metaclass__ = type  # pylint: disable=invalid-name
 
 import json
 import os
+import shlex
+import signal
 import socket
 import subprocess
 import sys
@@ -24,8 +29,11 @@ import time
 import pytest
 import yaml
 
+from ansible_collections.inference_cache.substrate.plugins.module_utils import _engine_process as ep
+
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
-CTL = os.path.join(ROOT, "roles", "local_engine", "files", "engine_ctl.py")
+BIN = os.path.dirname(os.path.join(ROOT, ".venv", "bin", "python"))
+ENV = dict(os.environ, ANSIBLE_FORCE_COLOR="0", ANSIBLE_NOCOLOR="1", ANSIBLE_CALLBACK_RESULT_FORMAT="json")
 
 
 def _load(*parts):
@@ -51,68 +59,231 @@ def test_internal_vars_are_prefixed():
         assert all(name.startswith(prefix) for name in _load("roles", role, "vars", "main.yml"))
 
 
-def _ctl(*args):
-    out = subprocess.run([sys.executable, CTL] + list(args), capture_output=True, text=True, check=True, timeout=60)
-    return json.loads(out.stdout)
+# -- the launcher the role renders ------------------------------------------------------------------------------
+def test_launcher_passes_the_reference_command(tmp_path):
+    """Render engine.sh.j2 with the role's defaults and run it with a stand-in Python that records what it was given."""
+    state = tmp_path / "state"
+    (state / "venv" / "bin").mkdir(parents=True)
+    stand_in = state / "venv" / "bin" / "python"
+    stand_in.write_text("#!%s\nimport json, os, sys\njson.dump({'argv': sys.argv[1:], 'env': dict(os.environ)}, "
+                        "open(os.path.join(os.path.dirname(__file__), 'invocation.json'), 'w'))\n" % sys.executable)
+    stand_in.chmod(0o755)
+    role = os.path.join(ROOT, "roles", "local_engine")
+    playbook = tmp_path / "render.yml"
+    playbook.write_text(yaml.safe_dump([{
+        "hosts": "localhost", "gather_facts": False,
+        "vars_files": [os.path.join(role, "defaults", "main.yml"), os.path.join(role, "vars", "main.yml")],
+        "tasks": [{"ansible.builtin.template": {"src": os.path.join(role, "templates", "engine.sh.j2"),
+                                                "dest": str(state / "engine.sh"), "mode": "0700"}}],
+    }]))
+    extra = {"local_engine_state_dir": str(state), "local_engine_kv_events_options": {"hwm": 100000, "buffer_steps": 10000},
+             "ansible_python_interpreter": sys.executable}
+    run = subprocess.run([os.path.join(BIN, "ansible-playbook"), "-i", "localhost,", "-c", "local", "-e", json.dumps(extra),
+                          str(playbook)], cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=120, check=False)
+    assert run.returncode == 0, run.stdout[-2000:]
+    subprocess.run([str(state / "engine.sh")], env=dict(os.environ, PYTHONDONTWRITEBYTECODE="1", HF_HUB_OFFLINE="0"),
+                   check=True, timeout=60)
+    invocation = json.loads((state / "venv" / "bin" / "invocation.json").read_text())
+    argv, env = invocation["argv"], invocation["env"]
+    config = json.loads(argv[argv.index("--kv-events-config") + 1])
+    assert config == {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": "tcp://127.0.0.1:5557",
+                      "replay_endpoint": "tcp://127.0.0.1:5558", "topic": "kv@127.0.0.1:8000@tiny",
+                      "hwm": 100000, "buffer_steps": 10000}
+    argv[argv.index("--kv-events-config") + 1] = "<config>"
+    assert argv == [
+        "-m", "vllm.entrypoints.openai.api_server", "--model", str(state / "models" / "tiny-llama"),
+        "--served-model-name", "tiny", "--host", "127.0.0.1", "--port", "8000",
+        "--enable-prefix-caching", "--prefix-caching-hash-algo", "sha256", "--block-size", "32", "--max-model-len", "2048",
+        "--dtype", "float32", "--enforce-eager", "--num-gpu-blocks-override", "128", "--kv-events-config", "<config>",
+        "--enable-prompt-tokens-details"]
+    assert env["HF_HUB_OFFLINE"] == "1" and env["VLLM_CPU_KVCACHE_SPACE"] == "1" and env["PYTHONHASHSEED"] == "0"
+    assert env["VLLM_CACHE_ROOT"] == str(state / "cache" / "vllm") and "PYTHONDONTWRITEBYTECODE" not in env
 
 
-def test_ports_names_the_owner():
+# -- process control ------------------------------------------------------------------------------------------------
+def test_busy_ports_names_the_owner():
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         sock.listen(1)
         port = sock.getsockname()[1]
-        result = _ctl("ports", "--host", "127.0.0.1", "--port", str(port))
-        assert [b["port"] for b in result["busy"]] == [port]
-        assert result["busy"][0]["owners"][0]["pid"] == os.getpid()
-        assert ("port %d is taken by pid %d" % (port, os.getpid())) in result["message"]
-    assert _ctl("ports", "--host", "127.0.0.1", "--port", str(port))["busy"] == []
+        busy, message = ep.busy_ports("127.0.0.1", [port])
+        assert [b["port"] for b in busy] == [port] and busy[0]["owners"][0]["pid"] == os.getpid()
+        assert ("port %d is taken by pid %d" % (port, os.getpid())) in message
+    assert ep.busy_ports("127.0.0.1", [port]) == ([], "")
 
 
-def _launcher(tmp_path, script):
-    """A launcher running ``script`` (sh), and the --pidfile/--runfile arguments of its instance."""
+@pytest.fixture(autouse=True)
+def no_engine_left(tmp_path):
+    """Whatever a test asserted, stop the engine it started in ``tmp_path`` (never a pid that is not that engine)."""
+    yield
+    files = ep.EngineFiles(str(tmp_path / "engine.pid"), str(tmp_path / "engine.run"))
+    status = ep.status(files)
+    if status["running"]:
+        ep.stop_group(status["pid"], status["pids"], 5)
+
+
+def _service(tmp_path, script, healthy=lambda url: True, check_mode=False):
+    """An EngineService whose launcher runs ``script`` (sh) in ``tmp_path``."""
     launcher = tmp_path / "engine.sh"
     launcher.write_text("#!/bin/sh\n" + script)
     launcher.chmod(0o700)
-    return launcher, ["--pidfile", str(tmp_path / "pid"), "--runfile", str(tmp_path / "run")]
+    files = ep.EngineFiles(str(tmp_path / "engine.pid"), str(tmp_path / "engine.run"), log=str(tmp_path / "engine.log"),
+                           launcher=str(launcher))
+    return ep.EngineService(files, healthy, check_mode=check_mode)
 
 
-def test_start_status_stop_a_process_group(tmp_path):
-    # A parent with a child in the same session, like the API server and its EngineCore.
-    launcher, files = _launcher(tmp_path, "sleep 300 &\nexec sleep 301\n")
-    started = _ctl("start", "--launcher", str(launcher), "--log", str(tmp_path / "log"), "--checksum", "abc", *files)
-    time.sleep(0.5)
-    status = _ctl("status", *files)
-    assert status["alive"] and status["pid"] == started["pid"] and status["running_checksum"] == "abc"
-    assert len(status["pids"]) == 2
-    stopped = _ctl("stop", "--timeout", "5", *files)
-    assert stopped["stopped"] and stopped["remaining"] == []
-    assert not any(os.path.exists("/proc/%d" % pid) and "Z" not in open("/proc/%d/stat" % pid).read().split(")")[-1][:3]
-                   for pid in status["pids"])
-    assert _ctl("status", *files)["alive"] is False
-    assert _ctl("stop", "--timeout", "5", *files)["stopped"] is False
+def _start(service, checksum="abc", ports=()):
+    return service.ensure_started(checksum, "http://127.0.0.1:9/health", "127.0.0.1", list(ports), 20, 5)
 
 
-def test_second_start_refuses_while_the_first_runs(tmp_path):
-    launcher, files = _launcher(tmp_path, "exec sleep 300\n")
-    first = _ctl("start", "--launcher", str(launcher), "--log", str(tmp_path / "log"), "--checksum", "a", *files)
+def _alive(pid):
+    return ep.start_ticks(pid) is not None
+
+
+@pytest.fixture
+def unrelated():
+    """A live process that has nothing to do with any engine."""
+    proc = subprocess.Popen(["sleep", "300"])  # pylint: disable=consider-using-with
     try:
-        second = _ctl("start", "--launcher", str(launcher), "--log", str(tmp_path / "log2"), "--checksum", "b", *files)
-        assert second["started"] is False and second["pid"] == first["pid"]
-        assert second["message"] == "another run started this engine instance meanwhile (pid %d); run the play again" % first["pid"]
-        assert _ctl("status", *files)["running_checksum"] == "a" and not (tmp_path / "log2").exists()
+        yield proc.pid
     finally:
-        assert _ctl("stop", "--timeout", "5", *files)["stopped"]
-    # Once the first is gone, a start goes ahead again.
-    third = _ctl("start", "--launcher", str(launcher), "--log", str(tmp_path / "log"), "--checksum", "c", *files)
-    assert third["started"] is True and third["pid"] != first["pid"]
-    assert _ctl("stop", "--timeout", "5", *files)["stopped"]
+        proc.kill()
+        proc.wait()
 
 
-def test_wait_reports_an_engine_that_dies(tmp_path):
-    launcher, files = _launcher(tmp_path, "echo 'error: unrecognized arguments: --bogus' >&2\nexit 2\n")
-    log = str(tmp_path / "log")
-    _ctl("start", "--launcher", str(launcher), "--log", log, "--checksum", "x", *files)
-    result = _ctl("wait", *files, "--url", "http://127.0.0.1:9/health", "--log", log, "--timeout", "20")
-    assert result["ready"] is False and result["reason"] == "the engine exited during start-up"
-    assert any("unrecognized arguments" in line for line in result["log_tail"])
-    assert not os.path.exists(files[1])
+def test_start_status_restart_stop_a_process_group(tmp_path):
+    # A parent with a child in the same session, like the API server and its EngineCore.
+    service = _service(tmp_path, "sleep 300 &\nexec sleep 301\n")
+    started = _start(service)
+    assert started["changed"] and started["started"] and not started["restarted"]
+    time.sleep(0.5)
+    status = ep.status(service.files)
+    assert status["running"] and status["pid"] == started["pid"] and status["checksum"] == "abc"
+    assert len(status["pids"]) == 2
+    record = json.loads((tmp_path / "engine.run").read_text())
+    assert record["pid"] == started["pid"] and record["start_ticks"] == ep.start_ticks(started["pid"])
+    # The same settings again: nothing to do.
+    again = _start(service)
+    assert not again["changed"] and again["pid"] == started["pid"]
+    # New settings: the old group is stopped, a new one started.
+    restarted = _start(service, checksum="def")
+    assert restarted["changed"] and restarted["restarted"] and restarted["pid"] != started["pid"]
+    assert not any(_alive(pid) for pid in status["pids"])
+    stopped = service.ensure_stopped(5)
+    assert stopped["changed"] and restarted["pid"] in stopped["stopped_pids"] and not _alive(restarted["pid"])
+    assert not os.path.exists(service.files.pidfile) and not os.path.exists(service.files.runfile)
+    assert service.ensure_stopped(5)["changed"] is False
+
+
+def test_check_mode_changes_nothing(tmp_path):
+    service = _service(tmp_path, "exec sleep 300\n")
+    checking = _service(tmp_path, "exec sleep 300\n", check_mode=True)
+    assert _start(checking)["changed"] and not os.path.exists(service.files.pidfile)
+    pid = _start(service)["pid"]
+    try:
+        assert _start(checking, checksum="new")["restarted"] and ep.status(service.files)["pid"] == pid
+        assert checking.ensure_stopped(5)["changed"] and _alive(pid)
+    finally:
+        service.ensure_stopped(5)
+
+
+def test_a_reused_pid_is_never_signalled(tmp_path, unrelated):
+    """The pid file names a live process that is not the engine: status says so, stop and start leave it alone."""
+    service = _service(tmp_path, "exec sleep 300\n")
+    for record in (
+        {"checksum": "abc", "pid": unrelated, "start_ticks": ep.start_ticks(unrelated) - 1, "boot_id": ep.boot_id()},
+        {"checksum": "abc", "pid": unrelated, "start_ticks": ep.start_ticks(unrelated), "boot_id": "another-boot"},
+        "abc",  # a run file from before identities were recorded, and a pid file older than the process
+    ):
+        (tmp_path / "engine.pid").write_text("%d\n" % unrelated)
+        (tmp_path / "engine.run").write_text(record if isinstance(record, str) else json.dumps(record))
+        if isinstance(record, str):
+            os.utime(str(tmp_path / "engine.pid"), (time.time() - 3600, time.time() - 3600))
+        status = ep.status(service.files)
+        assert not status["running"] and status["pids"] == [] and status["foreign"]["pid"] == unrelated, record
+        stopped = service.ensure_stopped(5)
+        assert stopped["changed"] is False and stopped["foreign"]["pid"] == unrelated and _alive(unrelated), record
+        assert not os.path.exists(service.files.pidfile)
+    # A start goes ahead with a new engine and leaves the unrelated process alone too.
+    (tmp_path / "engine.pid").write_text("%d\n" % unrelated)
+    started = _start(service)
+    assert started["changed"] and started["pid"] != unrelated and started["foreign"]["pid"] == unrelated
+    service.ensure_stopped(5)
+    assert _alive(unrelated) and not _alive(started["pid"])
+
+
+def test_a_legacy_record_of_a_live_engine_is_kept(tmp_path):
+    """A run file written before identities were recorded (one line, the checksum) still names a running engine."""
+    service = _service(tmp_path, "exec sleep 300\n")
+    pid = _start(service)["pid"]
+    try:
+        (tmp_path / "engine.run").write_text("abc\n")
+        os.utime(str(tmp_path / "engine.pid"), None)
+        assert ep.status(service.files)["running"] and _start(service)["changed"] is False
+    finally:
+        service.ensure_stopped(5)
+    assert not _alive(pid)
+
+
+def test_an_engine_dying_during_start_up_is_reported(tmp_path):
+    service = _service(tmp_path, "echo 'error: unrecognized arguments: --bogus' >&2\nexit 2\n", healthy=lambda url: False)
+    with pytest.raises(ep.EngineProcessError) as info:
+        _start(service)
+    assert str(info.value).startswith("The engine exited during start-up (%s) and was stopped; last log lines: " % service.files.log)
+    assert "unrecognized arguments: --bogus" in str(info.value)
+    assert not os.path.exists(service.files.pidfile) and not os.path.exists(service.files.runfile)
+
+
+def test_a_taken_port_stops_the_start(tmp_path):
+    service = _service(tmp_path, "exec sleep 300\n")
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen(1)
+        port = sock.getsockname()[1]
+        with pytest.raises(ep.EngineProcessError) as info:
+            _start(service, ports=[port])
+    assert ("Cannot start the engine on 127.0.0.1: port %d is taken by pid %d" % (port, os.getpid())) in str(info.value)
+    assert not os.path.exists(service.files.pidfile)
+
+
+def _module(check=False, **args):
+    """Run the module local_engine_service through ansible; return (rc, result), the warnings as result["_stderr"]."""
+    cmd = [os.path.join(BIN, "ansible"), "localhost", "-i", "localhost,", "-c", "local", "-e",
+           "ansible_python_interpreter=%s" % sys.executable, "-m", "inference_cache.substrate.local_engine_service",
+           "-a", json.dumps(args)] + (["--check"] if check else [])
+    run = subprocess.run(cmd, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=120, check=False)
+    assert "=>" in run.stdout, run.stdout + run.stderr
+    return run.returncode, dict(json.loads(run.stdout.split("=>", 1)[1]), _stderr=run.stderr)
+
+
+def test_module_starts_once_and_stops(tmp_path, unrelated):
+    port = 8108
+    launcher = tmp_path / "engine.sh"
+    launcher.write_text("#!/bin/sh\nexec %s -m http.server %d --bind 127.0.0.1\n" % (shlex.quote(sys.executable), port))
+    launcher.chmod(0o700)
+    files = {"pidfile": str(tmp_path / "engine.pid"), "runfile": str(tmp_path / "engine.run")}
+    start = dict(files, launcher=str(launcher), log=str(tmp_path / "engine.log"), health_url="http://127.0.0.1:%d/" % port,
+                 ports=[port], start_timeout=30)
+    (tmp_path / "engine.pid").write_text("%d\n" % unrelated)  # left over from before a reboot, say
+    (tmp_path / "engine.run").write_text(json.dumps({"checksum": "x", "pid": unrelated, "start_ticks": 1, "boot_id": "old"}))
+    try:
+        rc, checked = _module(check=True, **start)
+        assert rc == 0 and checked["changed"] and checked["started"] and checked["pid"] is None
+        rc, first = _module(**start)
+        assert rc == 0 and first["changed"] and first["started"] and first["start_seconds"] is not None
+        assert first["foreign"]["pid"] == unrelated and _alive(unrelated)
+        assert "The pid file %s named pid %d, which is not the engine" % (files["pidfile"], unrelated) in first["_stderr"]
+        rc, second = _module(**start)
+        assert rc == 0 and not second["changed"] and second["pid"] == first["pid"] and second["foreign"] is None
+        rc, checked = _module(check=True, state="stopped", **files)
+        assert rc == 0 and checked["changed"] and _alive(first["pid"])
+        rc, stopped = _module(state="stopped", **files)
+        assert rc == 0 and stopped["changed"] and not _alive(first["pid"]) and _alive(unrelated)
+        rc, again = _module(state="stopped", **files)
+        assert rc == 0 and not again["changed"]
+        rc, bad = _module(**dict(start, start_timeout=0))
+        assert rc != 0 and bad["msg"] == "start_timeout must be a positive number of seconds, got 0."
+    finally:
+        pid = ep.status(ep.EngineFiles(files["pidfile"], files["runfile"]))["pid"]
+        if pid:
+            os.killpg(pid, signal.SIGKILL)

@@ -1,0 +1,206 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright (c) inference_cache.substrate contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type  # pylint: disable=invalid-name
+
+DOCUMENTATION = r"""
+module: local_engine_service
+short_description: Start, restart or stop a local engine that runs from a launcher script
+version_added: 0.1.0
+description:
+  - Runs the launcher script written by the role C(inference_cache.substrate.local_engine) in the background, in a session of its own, and waits until its health URL answers; or stops that session
+    (SIGTERM, a bounded wait, then SIGKILL).
+  - The engine is restarted when O(checksum) differs from the checksum it was started with.
+  - Records the engine's pid in O(pidfile), and in O(runfile) the checksum and the process's identity (start time and
+    boot id). A pid is only signalled when the live process is the one recorded, so a pid reused after a reboot or
+    after the engine died is left alone.
+  - Before a start, fails with one sentence naming the owner when one of O(ports) is taken.
+  - Linux only (reads C(/proc)).
+author:
+  - inference_cache.substrate contributors (@inference-cache)
+extends_documentation_fragment:
+  - inference_cache.substrate._attributes
+attributes:
+  check_mode:
+    support: full
+    details: Reports whether the engine would be started, restarted or stopped, and does nothing.
+  diff_mode:
+    support: none
+  idempotent:
+    support: full
+options:
+  state:
+    description:
+      - V(started) runs the engine with the launcher's settings (restarting it when O(checksum) changed);
+        V(stopped) stops it and removes its pid and run files.
+    type: str
+    choices: [started, stopped]
+    default: started
+  launcher:
+    description: Executable script that C(exec)s the engine. Required when O(state=started).
+    type: path
+  log:
+    description: File that receives the engine's standard output and error (truncated at each start).
+    type: path
+  pidfile:
+    description: File holding the engine's pid.
+    type: path
+    required: true
+  runfile:
+    description: File recording the settings checksum the engine was started with and its process identity.
+    type: path
+    required: true
+  checksum:
+    description: Checksum of the engine's settings; empty takes the SHA-1 of O(launcher).
+    type: str
+    default: ""
+  health_url:
+    description: URL that answers HTTP 200 once the engine is ready. Required when O(state=started).
+    type: str
+  api_key:
+    description: Bearer token sent with the health request.
+    type: str
+    default: ""
+  host:
+    description: Address the engine binds, for the check of O(ports).
+    type: str
+    default: 127.0.0.1
+  ports:
+    description: TCP ports the engine binds; each must be free before a start.
+    type: list
+    elements: int
+    default: []
+  start_timeout:
+    description: Seconds to wait for O(health_url) after a start.
+    type: int
+    default: 300
+  stop_timeout:
+    description: Seconds to wait after SIGTERM before SIGKILL.
+    type: int
+    default: 30
+"""
+
+EXAMPLES = r"""
+- name: Run the engine
+  inference_cache.substrate.local_engine_service:
+    launcher: /srv/engine/run/default/engine.sh
+    log: /srv/engine/run/default/engine.log
+    pidfile: /srv/engine/run/default/engine.pid
+    runfile: /srv/engine/run/default/engine.settings.sha1
+    health_url: http://127.0.0.1:8000/health
+    ports: [8000, 5558]
+
+- name: Stop the engine
+  inference_cache.substrate.local_engine_service:
+    state: stopped
+    pidfile: /srv/engine/run/default/engine.pid
+    runfile: /srv/engine/run/default/engine.settings.sha1
+"""
+
+RETURN = r"""
+pid:
+  description: Pid of the engine's main process (the leader of its session); none when stopped or in check mode.
+  returned: O(state=started)
+  type: int
+pids:
+  description: Pids of every process of the engine's session (API server, engine core, workers).
+  returned: O(state=started)
+  type: list
+  elements: int
+rss_kib:
+  description: Resident memory of those processes together, in KiB.
+  returned: O(state=started)
+  type: int
+started:
+  description: Whether this run started the engine (or would, in check mode).
+  returned: O(state=started)
+  type: bool
+restarted:
+  description: Whether a running engine was stopped first because its settings changed.
+  returned: O(state=started)
+  type: bool
+start_seconds:
+  description: Seconds from the start until the health URL answered; none when the engine was already running.
+  returned: O(state=started)
+  type: float
+stopped_pids:
+  description: The processes stopped (or that would be, in check mode).
+  returned: O(state=stopped)
+  type: list
+  elements: int
+foreign:
+  description: A live process whose pid the pid file names but which is not the engine; it was left alone.
+  returned: always
+  type: dict
+"""
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.urls import open_url
+
+from ansible_collections.inference_cache.substrate.plugins.module_utils._engine_process import (
+    EngineFiles, EngineProcessError, EngineService, file_checksum)
+
+
+def _health_probe(api_key):
+    headers = {"Authorization": "Bearer " + api_key} if api_key else {}
+
+    def healthy(url):
+        try:
+            return open_url(url, headers=headers, timeout=5, follow_redirects="none", use_proxy=False).getcode() == 200
+        except Exception:  # pylint: disable=broad-exception-caught  # any failure means "not ready yet"
+            return False
+    return healthy
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec=dict(
+            state=dict(type="str", choices=["started", "stopped"], default="started"),
+            launcher=dict(type="path"),
+            log=dict(type="path"),
+            pidfile=dict(type="path", required=True),
+            runfile=dict(type="path", required=True),
+            checksum=dict(type="str", default=""),
+            health_url=dict(type="str"),
+            api_key=dict(type="str", default="", no_log=True),
+            host=dict(type="str", default="127.0.0.1"),
+            ports=dict(type="list", elements="int", default=[]),
+            start_timeout=dict(type="int", default=300),
+            stop_timeout=dict(type="int", default=30),
+        ),
+        required_if=[("state", "started", ("launcher", "log", "health_url"))],
+        supports_check_mode=True,
+    )
+    params = module.params
+    for name in ("start_timeout", "stop_timeout"):
+        if params[name] <= 0:
+            module.fail_json(msg="%s must be a positive number of seconds, got %d." % (name, params[name]))
+    bad_ports = [port for port in params["ports"] if not 0 < port < 65536]
+    if bad_ports:
+        module.fail_json(msg="ports must lie in 1-65535, got %s." % ", ".join(map(str, bad_ports)))
+    files = EngineFiles(params["pidfile"], params["runfile"], log=params["log"], launcher=params["launcher"])
+    service = EngineService(files, _health_probe(params["api_key"]), check_mode=module.check_mode)
+    try:
+        if params["state"] == "stopped":
+            result = service.ensure_stopped(params["stop_timeout"])
+        else:
+            checksum = params["checksum"] or file_checksum(params["launcher"]) or ""
+            result = service.ensure_started(checksum, params["health_url"], params["host"], params["ports"],
+                                            params["start_timeout"], params["stop_timeout"])
+    except EngineProcessError as exc:
+        module.fail_json(msg=str(exc), **exc.details)
+    except (IOError, OSError) as exc:
+        module.fail_json(msg="Cannot control the engine of %s: %s." % (params["pidfile"], exc))
+    if result.get("foreign"):
+        module.warn("The pid file %s named pid %d, which is not the engine (%s); it was left alone."
+                    % (params["pidfile"], result["foreign"]["pid"], result["foreign"]["reason"]))
+    module.exit_json(**result)
+
+
+if __name__ == "__main__":
+    main()
