@@ -121,8 +121,8 @@ class EngineBlocks:
                  "clears")
 
     def __init__(self):
-        self.engine_keys = {}   # engine hash -> [request keys, live copies of this engine hash]
-        self.held = {}          # request key -> live copies
+        self.engine_keys = {}   # engine hash -> [request keys, live copies of this engine hash (1 when not counted)]
+        self.held = {}          # request key -> engine hashes that map to it
         self.stored_blocks = 0
         self.stored_again = 0   # BlockStored of an engine hash already held: a second copy of the same block
         self.removed_blocks = 0
@@ -205,20 +205,20 @@ class KVBlockIndex:
                 engine_keys[engine_hash] = [mapped, 1]
             else:
                 blocks.stored_again += 1
-                if not self.count_copies:
-                    entry[0] = mapped
-                    for key in mapped:
-                        held[key] = 1
-                    continue
                 entry[0] = mapped
-                entry[1] += 1
+                if self.count_copies:
+                    entry[1] += 1
             for key in mapped:
-                held[key] = held.get(key, 0) + 1 if self.count_copies else 1
+                held[key] = held.get(key, 0) + 1 if entry is None else max(held.get(key, 0), 1)
         blocks.stored_blocks += len(hashes)
         return len(keys)
 
     def removed(self, engine, block_hashes):
-        """Apply a BlockRemoved. Returns the number of request keys that are no longer held."""
+        """Apply a BlockRemoved. Returns the number of request keys that are no longer held.
+
+        A request key is gone as soon as one engine block it maps to is gone (its last copy, when copies are
+        counted): the chain of the prompt breaks there.
+        """
         blocks = self.engine(engine)
         engine_keys, held = blocks.engine_keys, blocks.held
         gone = 0
@@ -229,23 +229,13 @@ class KVBlockIndex:
             if entry is None:
                 blocks.removed_unknown += 1
                 continue
-            mapped = entry[0]
-            if self.count_copies:
-                entry[1] -= 1
-                if entry[1] <= 0:
-                    del engine_keys[engine_hash]
-                for key in mapped:
-                    left = held.get(key, 0) - 1
-                    if left > 0:
-                        held[key] = left
-                    elif key in held:
-                        del held[key]
-                        gone += 1
-            else:
-                del engine_keys[engine_hash]
-                for key in mapped:
-                    if held.pop(key, None) is not None:
-                        gone += 1
+            entry[1] -= 1
+            if entry[1] > 0:
+                continue   # another copy of this block is still cached
+            del engine_keys[engine_hash]
+            for key in entry[0]:
+                if held.pop(key, None) is not None:
+                    gone += 1
         return gone
 
     def cleared(self, engine):

@@ -259,7 +259,7 @@ class KVIndexCheck:
         try:
             self.steps = build_workload([s["name"] for s in specs], self.params.get("workload"))
         except ValueError as exc:
-            self.fail("%s." % str(exc)[:1].upper() + str(exc)[1:])
+            self.fail("%s%s." % (str(exc)[:1].upper(), str(exc)[1:]))
         return specs
 
     # -- HTTP -----------------------------------------------------------------------------
@@ -323,7 +323,7 @@ class KVIndexCheck:
                 self.fail("Engine %s: %s" % (engine.name, exc))
 
     def wait_connected(self, ctx):
-        deadline = min(self.deadline, self.clock() + max(float(self.params.get("event_wait") or 5.0), 10.0))
+        deadline = min(self.deadline, self.clock() + max(2 * float(self.params.get("event_wait") or 5.0), 2.0))
         while self.clock() < deadline and not all(e.connected for e in self.engines):
             for engine in self.engines:
                 if not engine.connected and engine.mon.poll(50, zmq.POLLIN) and drain_monitor(engine.mon):
@@ -347,9 +347,12 @@ class KVIndexCheck:
 
     def replay_into(self, ctx, engine, start, end):
         try:
-            for _topic, seq, payload in replay(ctx, engine.spec["replay_endpoint"], start, self.deadline, clock=self.clock):
+            for topic, seq, payload in replay(ctx, engine.spec["replay_endpoint"], start, self.deadline, clock=self.clock):
                 if end is not None and seq > end:
                     break
+                if topic is not None and engine.topic and topic != engine.topic:
+                    engine.other_topics[topic] = engine.other_topics.get(topic, 0) + 1
+                    continue
                 if seq <= engine.last_applied:
                     continue
                 try:

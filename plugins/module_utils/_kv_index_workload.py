@@ -12,8 +12,9 @@ branch, and a long prefix of the family) followed by a tail that is new, repeate
 or empty. The check pads each base to a whole number of blocks: when a base alone comes again, vLLM
 recomputes its last block although it is cached (it always computes the last prompt token) and then holds two
 cached blocks with the same hash; the longer prompts of the family then show whether an index lost track of it.
-Each family has a home engine; some steps go to every engine (so the check learns every engine's real cached tokens for the same prompt) and some to another engine (a router
-that moved the family). Same parameters, same workload.
+Each family has a home engine; some steps go to every engine (so the check learns every engine's real cached
+tokens for the same prompt) and some to another engine (a router that moved the family). Same parameters, same
+workload.
 """
 
 from __future__ import absolute_import, division, print_function

@@ -1,0 +1,207 @@
+# -*- coding: utf-8 -*-
+# Copyright (c) inference_cache.substrate contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+"""The kv_index_check runner against two fake engines (real HTTP and ZMQ on 127.0.0.1, vLLM-like caching)."""
+
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type  # pylint: disable=invalid-name
+
+import contextlib
+
+import pytest
+
+from ansible_collections.inference_cache.substrate.plugins.module_utils import _kv_index_check as chk
+from ansible_collections.inference_cache.substrate.tests.unit.plugins.kv_index_fake import FakeEngine
+from ansible_collections.inference_cache.substrate.tests.unit.plugins.net_utils import free_port
+from ansible_collections.inference_cache.substrate.tests.unit.plugins.sentences import assert_one_sentence
+
+WORKLOAD = {"families": 4, "rounds": 8, "preamble_words": 6, "prefix_words": 18, "suffix_words": 6}
+
+
+@contextlib.contextmanager
+def two_engines(num_blocks=24, **kwargs):
+    engines = []
+    with contextlib.ExitStack() as stack:
+        for _i in range(2):
+            port = free_port()
+            topic = "kv@127.0.0.1:%d@tiny" % port
+            engines.append(stack.enter_context(FakeEngine(port, "tcp://127.0.0.1:%d" % free_port(), topic, num_blocks=num_blocks,
+                                                          **kwargs)))
+        yield engines
+
+
+def params(engines, **overrides):
+    specs = [{"name": "engine-%d" % idx, "url": e.url, "endpoint": e.endpoint, "socket_mode": "connect", "topic": e.topic.decode()}
+             for idx, e in enumerate(engines)]
+    out = {"engines": specs, "workload": dict(WORKLOAD), "expect": {"min_requests": 30, "min_evictions_per_engine": 1},
+           "settle": 0.05, "event_wait": 2.0, "timeout": 60.0, "request_timeout": 5.0, "max_tokens": 1}
+    out.update(overrides)
+    return out
+
+
+def run(p):
+    try:
+        return True, chk.KVIndexCheck(p).run()
+    except chk.CheckFailed as exc:
+        return False, exc
+
+
+def test_exact_through_evictions_and_copies():
+    with two_engines() as engines:
+        ok, facts = run(params(engines))
+        removed = [e.removed for e in engines]
+        copies = [e.copies for e in engines]
+    assert ok, facts.msg
+    assert facts["requests"] >= 30 and facts["exact"] == facts["requests"] and facts["largest_error"] == 0
+    assert facts["exact_percent"] == 100.0 and facts["mismatches"] == []
+    assert all(r > 0 for r in removed) and sum(copies) > 0
+    for name, engine in facts["engines"].items():
+        assert engine["blocks_removed"] > 0 and engine["removed_unknown"] == 0, name
+        assert engine["stores_skipped"] == 0 and engine["gaps_unrepaired"] == 0
+    # The same events without counting copies (llm-d's Evict) get some predictions wrong; the approximate producer too.
+    assert facts["uncounted"]["wrong"] > 0 and facts["uncounted"]["exact"] + facts["uncounted"]["wrong"] == facts["requests"]
+    assert facts["approximate"]["predicted_hits"] > 0
+    assert facts["routing"]["steps_on_every_engine"] > 0
+    assert facts["routing"]["precise_agrees"] == facts["routing"]["steps_on_every_engine"]
+    assert len(facts["summary"]) == 5 and facts["summary"][0].startswith("precise index (copies counted): %d/%d" % (
+        facts["requests"], facts["requests"]))
+
+
+def test_token_ids_stay_inside():
+    with two_engines() as engines:
+        ok, facts = run(params(engines, workload=dict(WORKLOAD, rounds=2), expect={"min_requests": 1}))
+    assert ok, facts.msg
+    assert "token_ids" not in repr(facts)
+
+    def int_lists(value):
+        if isinstance(value, dict):
+            return [found for item in value.values() for found in int_lists(item)]
+        if isinstance(value, (list, tuple)):
+            if value and all(isinstance(item, int) for item in value):
+                return [value]
+            return [found for item in value for found in int_lists(item)]
+        return []
+    assert int_lists(facts) == []
+
+
+def test_wrong_topic_fails_naming_family_engine_and_counts():
+    with two_engines() as engines:
+        p = params(engines)
+        p["engines"][1]["topic"] = "kv@127.0.0.1:1@tiny"
+        ok, exc = run(p)
+    assert not ok
+    msg = assert_one_sentence(exc.msg)
+    assert "for prompt family family-" in msg and "on engine engine-1 but the engine reported" in msg
+    assert "predicted 0 cached tokens" in msg
+    assert "no KV events arrived under its topic 'kv@127.0.0.1:1@tiny', but messages arrived under 'kv@127.0.0.1:%d@tiny'" % (
+        engines[1].port) in msg
+    assert exc.facts["mismatches"][0]["predicted"] == 0 and exc.facts["mismatches"][0]["reported"] > 0
+    assert exc.facts["engines"]["engine-1"]["other_topics"] and exc.facts["engines"]["engine-1"]["batches"] == 0
+
+
+def test_stopped_subscription_fails():
+    with two_engines() as engines:
+        p = params(engines)
+        p["engines"][0]["withhold_after"] = 4
+        ok, exc = run(p)
+    assert not ok
+    msg = assert_one_sentence(exc.msg)
+    assert "the subscription to its events was stopped after 4 requests" in msg
+    assert "on engine engine-0" in msg
+    assert exc.facts["engines"]["engine-0"]["subscription_stopped"] is True
+    assert exc.facts["requests"] > 4
+
+
+def test_engine_without_cached_tokens():
+    with two_engines(report_cached=False) as engines:
+        ok, exc = run(params(engines))
+    assert not ok
+    assert "--enable-prompt-tokens-details" in assert_one_sentence(exc.msg)
+
+
+def test_too_few_evictions():
+    with two_engines(num_blocks=400) as engines:
+        ok, exc = run(params(engines, workload=dict(WORKLOAD, rounds=2), expect={"min_requests": 1, "min_evictions_per_engine": 1}))
+    assert not ok
+    assert "evicted 0 blocks (BlockRemoved) during the check, fewer than expect.min_evictions_per_engine 1" in assert_one_sentence(exc.msg)
+    assert exc.facts["exact"] == exc.facts["requests"]
+
+
+def test_too_few_requests():
+    with two_engines() as engines:
+        ok, exc = run(params(engines, workload=dict(WORKLOAD, rounds=1), expect={"min_requests": 50}))
+    assert not ok
+    assert "fewer than expect.min_requests 50" in assert_one_sentence(exc.msg)
+
+
+def test_bind_mode_engines_connect():
+    engines = []
+    with contextlib.ExitStack() as stack:
+        for _i in range(2):
+            port = free_port()
+            engines.append(stack.enter_context(FakeEngine(port, "tcp://127.0.0.1:%d" % free_port(), "kv@127.0.0.1:%d@tiny" % port,
+                                                          bind=False)))
+        p = params(engines, workload=dict(WORKLOAD, rounds=2), expect={"min_requests": 1})
+        for spec in p["engines"]:
+            spec["socket_mode"] = "bind"
+        ok, facts = run(p)
+    assert ok, facts.msg
+    assert facts["exact"] == facts["requests"] > 0
+
+
+@pytest.mark.parametrize("change, expected", [
+    ({"engines": []}, "engines must list at least one engine"),
+    ({"timeout": 0}, "timeout must be a positive number of seconds."),
+    ({"workload": {"families": 0}}, "Workload.families must be at least 1, got 0."),
+    ({"workload": {"bogus": 1}}, "Workload has unknown keys bogus"),
+])
+def test_bad_parameters(change, expected):
+    p = params([FakeEngine(free_port(), "tcp://127.0.0.1:1", "kv@a:1@m")])
+    p.update(change)
+    ok, exc = run(p)
+    assert not ok
+    assert expected in assert_one_sentence(exc.msg)
+
+
+def test_duplicate_names_and_bad_url():
+    spec = {"url": "http://127.0.0.1:1", "endpoint": "tcp://127.0.0.1:1", "topic": "kv@a:1@m"}
+    ok, exc = run({"engines": [spec, dict(spec)], "timeout": 5})
+    assert not ok and "Two engines are named 'a:1'" in assert_one_sentence(exc.msg)
+    ok, exc = run({"engines": [dict(spec, url="127.0.0.1:1")], "timeout": 5})
+    assert not ok and "is not an http(s) URL" in assert_one_sentence(exc.msg)
+
+
+def test_unreachable_engine():
+    spec = {"url": "http://127.0.0.1:%d" % free_port(), "endpoint": "tcp://127.0.0.1:1", "topic": "kv@a:1@m"}
+    ok, exc = run({"engines": [spec], "timeout": 5, "request_timeout": 2})
+    assert not ok
+    assert assert_one_sentence(exc.msg).startswith("Engine a:1 cannot be queried: ")
+
+
+def test_nobody_connects_in_bind_mode():
+    port = free_port()
+    with FakeEngine(port, "tcp://127.0.0.1:%d" % free_port(), "kv@x:1@tiny") as engine:
+        p = params([engine], event_wait=0.2)
+        p["engines"][0]["socket_mode"] = "bind"
+        p["engines"][0]["endpoint"] = "tcp://127.0.0.1:%d" % free_port()
+        ok, exc = run(p)
+    assert not ok
+    assert "No publisher connected to" in assert_one_sentence(exc.msg)
+
+
+@pytest.mark.parametrize("text, expected", [
+    ('vllm:cache_config_info{_block_size_resolved="True",block_size="32",num_gpu_blocks="72"} 1.0\n', (32, 72)),
+    ('# nothing\n', (None, None)),
+    ('vllm:cache_config_info{block_size="x"} 1.0\n', (None, None)),
+])
+def test_cache_config(text, expected):
+    config = chk.cache_config(text)
+    assert (config["block_size"], config["num_gpu_blocks"]) == expected
+
+
+@pytest.mark.parametrize("topic, pod", [("kv@10.0.0.1:8000@tiny", "10.0.0.1:8000"), ("kv-events", "kv-events"), ("", "")])
+def test_topic_pod(topic, pod):
+    assert chk.topic_pod(topic) == pod
