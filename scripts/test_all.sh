@@ -4,7 +4,8 @@
 # The stages run in two lanes at once, because the slow parts wait on different things:
 #   engine  the real vLLM engine on CPU: molecule `default` installs and starts it (converge = site.yml) and,
 #           with --destroy=never, hands it to pytest, whose last test restarts and stops it; molecule destroy
-#           then checks that no engine process is left. One install, two engine starts in all;
+#           then checks that no engine process is left. One install, two engine starts in all; then molecule
+#           `kv_index` starts two more instances of that install (small KV caches) for the KV-block index proof;
 #   checks  everything else (ansible-test sanity and units, the other pytest and molecule tests, lint, build).
 # The lanes share no port, file or engine. A stage's output is printed in one block when it ends.
 # A failing stage does not stop the others; the summary says what ran, and the exit status is non-zero when
@@ -24,13 +25,14 @@ declare -A cmd=(
   [units]="make units"
   [integration]="make integration"
   [lint]="make lint"
-  [molecule-checks]="make molecule MOLECULE_EXCEPT=default"  # every scenario but the engine lane's
+  [molecule-checks]="make molecule MOLECULE_EXCEPT='default kv_index'"  # every scenario but the engine lane's
   [build]="make build"
   [molecule-engine]="make molecule SCENARIOS=default MOLECULE_TEST_ARGS=--destroy=never"
   [engine]="LOCAL_ENGINE_OWNED=1 make engine"
   [molecule-destroy]="make molecule-destroy SCENARIOS=default"
+  [molecule-kv-index]="make molecule SCENARIOS=kv_index"  # two engines of the same install, after the default one stopped
 )
-engine_lane=(molecule-engine engine molecule-destroy)
+engine_lane=(molecule-engine engine molecule-destroy molecule-kv-index)
 checks_lane=(changelog argspecs sanity units integration lint molecule-checks build)
 all=("${checks_lane[@]}" "${engine_lane[@]}")
 
