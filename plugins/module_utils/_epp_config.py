@@ -27,7 +27,8 @@ try:
     from ._epp_plugins import CONFIG_SCHEMA, DEFAULT_ROUTER_VERSION, FEATURE_GATES, PLUGINS, REMOVED_OR_LATER, ROUTER_VERSIONS, SEMANTICS
     from ._epp_schema import show, type_name, validate
 except ImportError:  # loaded as a top-level module (tests that put module_utils on sys.path)
-    from _epp_plugins import CONFIG_SCHEMA, DEFAULT_ROUTER_VERSION, FEATURE_GATES, PLUGINS, REMOVED_OR_LATER, ROUTER_VERSIONS, SEMANTICS  # pylint: disable=import-error
+    from _epp_plugins import (  # pylint: disable=import-error
+        CONFIG_SCHEMA, DEFAULT_ROUTER_VERSION, FEATURE_GATES, PLUGINS, REMOVED_OR_LATER, ROUTER_VERSIONS, SEMANTICS)
     from _epp_schema import show, type_name, validate  # pylint: disable=import-error
 
 API_VERSION = "llm-d.ai/v1alpha1"

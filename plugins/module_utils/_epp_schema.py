@@ -28,6 +28,7 @@ from __future__ import absolute_import, division, print_function
 
 __metaclass__ = type  # pylint: disable=invalid-name
 
+import math
 import re
 
 # Go's time.ParseDuration: an optional sign, then one or more <number><unit>; "0" alone is also valid.
@@ -139,12 +140,14 @@ def _is_int(value):
         return False
     if isinstance(value, int):
         return True
-    return isinstance(value, float) and value == value and value not in (float("inf"), float("-inf")) and value == int(value)
+    return isinstance(value, float) and math.isfinite(value) and value == int(value)
 
 
 def _is_number(value):
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and value == value \
-        and value not in (float("inf"), float("-inf"))
+    """A JSON number: NaN and the infinities are not JSON and the EPP never sees them."""
+    if isinstance(value, bool):
+        return False
+    return isinstance(value, int) or (isinstance(value, float) and math.isfinite(value))
 
 
 def _range(node, value, path, out):

@@ -170,6 +170,10 @@ BAD = [
     ("unknown-top-level-field", lambda c: c.update(metadata={"name": "x"}),
      "EndpointPickerConfig field metadata is not a field of llm-d-router v0.9.0's EndpointPickerConfig; the EPP decodes the config "
      "strictly and does not start."),
+    # The top level goes through the Kubernetes strict serializer (sigs.k8s.io/json), which matches keys case-sensitively.
+    ("top-level-key-case", lambda c: c.update(DataLayer=c.pop("dataLayer")),
+     "EndpointPickerConfig field DataLayer is not a field of llm-d-router v0.9.0's EndpointPickerConfig; the EPP decodes the config "
+     "strictly and does not start."),
     ("unknown-feature-gate", lambda c: c.update(featureGates=["prefixCache"]),
      "Feature gate prefixCache is not registered in llm-d-router v0.9.0 (known: dataLayer, flowControl); the EPP does not start."),
     ("replay-socket-port", lambda c: producer_params(c)["kvEventsConfig"]["podDiscoveryConfig"].update(replaySocketPort=5558),
@@ -389,8 +393,7 @@ def _leaves(node, path=()):
         while inner["t"] in ("list", "map"):
             inner = inner["of"]
         if inner["t"] == "obj" and inner is sub:
-            for item in _leaves(sub, path + (name,)):
-                yield item
+            yield from _leaves(sub, path + (name,))
 
 
 def _set(params, path, value):

@@ -46,12 +46,10 @@ def paths(value, prefix=()):
     yield prefix
     if isinstance(value, dict):
         for key, item in value.items():
-            for path in paths(item, prefix + (key,)):
-                yield path
+            yield from paths(item, prefix + (key,))
     elif isinstance(value, list):
         for index, item in enumerate(value):
-            for path in paths(item, prefix + (index,)):
-                yield path
+            yield from paths(item, prefix + (index,))
 
 
 PRECISE_PATHS = [p for p in paths(PRECISE) if p]

@@ -122,13 +122,11 @@ def test_allowed_fields_refuses_what_does_not_exist():
 
 def _structs(node):
     if node["t"] in ("list", "map"):
-        for item in _structs(node["of"]):
-            yield item
+        yield from _structs(node["of"])
     elif node["t"] == "obj":
         yield node
         for sub in node["fields"].values():
-            for item in _structs(sub):
-                yield item
+            yield from _structs(sub)
 
 
 @pytest.mark.parametrize("ptype", V090_TYPES)
