@@ -137,14 +137,13 @@ candidates:
 
 import json
 
-from ansible.module_utils.basic import AnsibleModule
-
+from ansible_collections.inference_cache.substrate.plugins.module_utils._ansible_module import ansible_module
 from ansible_collections.inference_cache.substrate.plugins.module_utils._sizing import SizingError, plan
 
 
 def main():
-    module = AnsibleModule(
-        argument_spec=dict(
+    module = ansible_module(
+        dict(
             model_config=dict(type="dict"),
             model_config_path=dict(type="path"),
             parameters=dict(type="str", required=True),

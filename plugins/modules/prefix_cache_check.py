@@ -244,8 +244,9 @@ failures:
 """
 
 
-from ansible.module_utils.basic import AnsibleModule, missing_required_lib
+from ansible.module_utils.basic import missing_required_lib
 
+from ansible_collections.inference_cache.substrate.plugins.module_utils._ansible_module import ansible_module
 from ansible_collections.inference_cache.substrate.plugins.module_utils._http_args import (
     HTTP_ARG_SPEC,
     HTTP_RANGES,
@@ -287,7 +288,7 @@ RANGES = dict(
 
 
 def main():
-    module = AnsibleModule(argument_spec=ARGUMENT_SPEC, mutually_exclusive=[("prefix", "prefix_tokens")], required_by=HTTP_REQUIRED_BY,
+    module = ansible_module(ARGUMENT_SPEC, mutually_exclusive=[("prefix", "prefix_tokens")], required_by=HTTP_REQUIRED_BY,
                            supports_check_mode=True)
     if not HAS_PROMETHEUS_CLIENT:
         module.fail_json(msg=missing_required_lib("prometheus_client"), exception=PROMETHEUS_CLIENT_IMPORT_ERROR)
