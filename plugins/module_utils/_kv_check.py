@@ -11,10 +11,13 @@
 All waiting is bounded by one deadline on a monotonic clock. Every option is checked (types, ranges,
 endpoint shapes) before any socket opens, so the module and the CLIs answer bad input with one sentence.
 
-Nothing lost: a gap in the sequence numbers is repaired through the replay endpoint as soon as it shows;
-the tail of a burst (batches dropped at the publisher's high-water mark after the last one that arrived)
-shows no gap, so when the stream goes quiet with the expectations unmet, and before reporting, the check
-asks the replay endpoint for everything after the last sequence number seen on each stream.
+Nothing lost: gaps in the sequence numbers are repaired through the replay endpoint, coalesced into one
+request per stream (a replay ROUTER answers a request with everything from the asked sequence number on,
+so one request per gap would make a busy engine resend its buffer hundreds of times): once the oldest
+unrepaired gap is ``quiet`` seconds old, when the stream goes quiet, and before reporting. The tail of a
+burst (batches dropped at the publisher's high-water mark after the last one that arrived) shows no gap,
+so when the stream goes quiet with the expectations unmet, and before reporting, the same request also
+takes everything after the last sequence number seen on each stream.
 """
 
 from __future__ import absolute_import, division, print_function
@@ -129,6 +132,7 @@ class KVEventsCheck:
         expect = params.get("expect")
         self.expect = dict(DEFAULT_EXPECT) if expect is None else (dict(expect) if isinstance(expect, dict) else expect)
         self.stream_socket = {}  # stream key -> index of the socket (data-parallel rank) it arrived on
+        self.gap_since = None  # when the oldest gap not yet asked for appeared
 
     # -- facts ----------------------------------------------------------------------------
     def facts(self):
@@ -268,7 +272,7 @@ class KVEventsCheck:
                 mons.append(mon)
             self.connected = [False] * len(socks)
             self._loop(ctx, socks, mons, deadline - reserve)
-            self.replay_tails(ctx, deadline)
+            self.catch_up(ctx, deadline, tail=True)
         finally:
             for sock in socks:
                 try:
@@ -298,16 +302,19 @@ class KVEventsCheck:
         settle = max(float(self.params.get("settle") or 0.0), 0.0)
         quiet = max(settle, 0.5)  # quiet this long with the expectations unmet: fetch the tails
         tail_asked = False
+        replay = bool(self.params.get("replay_endpoint"))
         while True:
             now = self.clock()
             if now >= deadline:
                 return
             if not trigger_pending and self.met() and (last_msg is None or now - last_msg >= settle):
                 return
-            if (not tail_asked and not trigger_pending and last_msg is not None and now - last_msg >= quiet
-                    and self.params.get("replay_endpoint")):
+            if replay and self.gap_since is not None and now - self.gap_since >= quiet:
+                self.catch_up(ctx, deadline, tail=False)  # the gaps, not the tail: the stream is still busy
+                continue
+            if replay and not tail_asked and not trigger_pending and last_msg is not None and now - last_msg >= quiet:
                 tail_asked = True  # once per quiet period: a new message re-arms it
-                self.replay_tails(ctx, deadline)
+                self.catch_up(ctx, deadline, tail=True)
                 continue
             events = dict(poller.poll(max(int(min(deadline - now, 0.1) * 1000), 1)))
             for sock in mons:
@@ -334,7 +341,7 @@ class KVEventsCheck:
                     self.fail(exc.msg)
                 last_msg = self.clock()
 
-    def _drain(self, ctx, sock, sock_rank, deadline):
+    def _drain(self, ctx, sock, sock_rank, deadline):  # pylint: disable=unused-argument
         got = False
         topic_prefix = self.params.get("topic") or ""
         for _i in range(1000):
@@ -364,8 +371,8 @@ class KVEventsCheck:
                 continue
             self.stream_socket.setdefault(self.seqs.key(batch.topic, rank), sock_rank)
             self.add(batch)
-            if gap is not None and self.params.get("replay_endpoint"):
-                self.repair(ctx, gap, sock_rank, deadline)
+            if gap is not None and self.gap_since is None:
+                self.gap_since = self.clock()
         return got
 
     def add(self, batch):
@@ -381,48 +388,66 @@ class KVEventsCheck:
             return
         self.add(batch)
 
-    def repair(self, ctx, gap, sock_rank, deadline):
-        endpoint = offset_endpoint(self.params["replay_endpoint"], sock_rank)
-        wanted = set(range(gap["start"], gap["end"] + 1))
-        try:
-            for _topic, seq, payload in replay(ctx, endpoint, gap["start"], deadline, idle=TAIL_IDLE, clock=self.clock):
-                if seq not in wanted:
-                    continue
-                wanted.discard(seq)
-                self._decode_replayed(payload, gap["topic"], seq)
-                if not wanted:
-                    break
-        except SocketSetupError as exc:
-            gap["error"] = str(exc)
-        except MalformedMessage as exc:
-            gap["error"] = str(exc)
-            self.stats.add_malformed("replay: %s" % exc)
-        gap["repaired"] = not wanted
-        gap["still_missing"] = len(wanted)
+    def catch_up(self, ctx, deadline, tail=True):
+        """Repair every open gap, and with ``tail`` fetch what follows the last batch seen, one request per stream.
 
-    def replay_tails(self, ctx, deadline):
-        """Ask the replay endpoint for everything after the last sequence number seen, per stream.
-
-        The tail of a burst dropped at the publisher's high-water mark leaves no gap behind it (no later batch
-        arrives), so only this request finds it. What comes back is counted and recorded as a repaired tail gap.
+        A replay endpoint answers with everything it holds from the asked sequence number on, so one request from the
+        oldest missing batch covers all the gaps of a stream and its tail. Whatever the endpoint dropped on the way
+        (its own high-water mark) is asked for again, from the oldest batch still missing, while that makes progress.
         """
+        self.gap_since = None
         if not self.params.get("replay_endpoint"):
             return
         deadline = max(deadline, self.clock() + 0.1)
         for key in list(self.seqs.streams):
-            stream = self.seqs.streams[key]
-            start = self.seqs.tail_start(key)
-            endpoint = offset_endpoint(self.params["replay_endpoint"], self.stream_socket.get(key, 0))
-            seen = []
-            try:
-                for topic, seq, payload in replay(ctx, endpoint, start, deadline, idle=TAIL_IDLE, clock=self.clock):
-                    if seq < start or (topic is not None and topic != stream["topic"]):
-                        continue
-                    seen.append(seq)
-                    self._decode_replayed(payload, stream["topic"], seq)
-            except (SocketSetupError, MalformedMessage) as exc:
-                self.stats.add_malformed("replay of the tail of stream %s: %s" % (key, exc))
-            self.seqs.record_tail(key, seen)
+            gaps = [g for g in self.seqs.gaps if g["stream"] == key and not g["repaired"] and not g.get("tail")]
+            wanted = set()
+            for gap in gaps:
+                wanted.update(range(gap["start"], gap["end"] + 1))
+            if not wanted and not tail:
+                continue
+            tail_seen = set()
+            error = None
+            for _round in range(3):
+                before = len(wanted)
+                start = min(wanted) if wanted else self.seqs.tail_start(key)
+                error = self._replay_stream(ctx, key, start, wanted, tail_seen if tail else None, deadline)
+                if error or not wanted or len(wanted) == before or self.clock() >= deadline:
+                    break
+            for gap in gaps:
+                gap["still_missing"] = sum(1 for seq in range(gap["start"], gap["end"] + 1) if seq in wanted)
+                gap["repaired"] = not gap["still_missing"]
+                if error and not gap["repaired"]:
+                    gap["error"] = error
+            if tail:
+                self.seqs.record_tail(key, tail_seen)
+
+    def _replay_stream(self, ctx, key, start, wanted, tail_seen, deadline):
+        """One replay request for stream ``key`` from ``start``: take the ``wanted`` batches, and the tail if asked.
+
+        Returns a one-sentence reason when the replay endpoint cannot be asked, else None.
+        """
+        stream = self.seqs.streams[key]
+        endpoint = offset_endpoint(self.params["replay_endpoint"], self.stream_socket.get(key, 0))
+        last = stream["last"]
+        try:
+            for topic, seq, payload in replay(ctx, endpoint, start, deadline, idle=TAIL_IDLE, clock=self.clock):
+                if topic is not None and topic != stream["topic"]:
+                    continue
+                if seq in wanted:
+                    wanted.discard(seq)
+                elif tail_seen is not None and seq > last and seq not in tail_seen:
+                    tail_seen.add(seq)
+                else:
+                    continue
+                self._decode_replayed(payload, stream["topic"], seq)
+                if tail_seen is None and not wanted:
+                    break  # every gap filled and the tail not asked for
+        except SocketSetupError as exc:
+            return str(exc)
+        except MalformedMessage as exc:
+            self.stats.add_malformed("replay for stream %s: %s" % (key, exc))
+        return None
 
     # -- verdict --------------------------------------------------------------------------
     def judge(self):

@@ -23,7 +23,7 @@ MAX_DETAILS = 20
 
 
 class SequenceTracker:
-    """Per (topic, rank) sequence bookkeeping: first/last seq, gaps, restarts, tails."""
+    """Per (topic, rank) sequence bookkeeping: first/last seq, batches that arrived live, gaps, restarts, tails."""
 
     def __init__(self, max_streams=MAX_STREAMS):
         self.streams = {}
@@ -94,7 +94,6 @@ class SequenceTracker:
         gap = {"stream": key, "topic": stream["topic"], "rank": stream["rank"], "start": start, "end": end, "missing": missing,
                "repaired": len(seqs) == missing, "still_missing": missing - len(seqs), "tail": True}
         self.gaps.append(gap)
-        stream["batches"] += len(seqs)
         stream["last"] = end
         stream["replayed"] = (start, end)
         return gap

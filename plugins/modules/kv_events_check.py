@@ -150,7 +150,7 @@ batches:
   type: int
   sample: 4
 seq:
-  description: First and last sequence number and batch count per stream, keyed C(<topic>#<rank>).
+  description: First and last sequence number (replayed ones included) and the number of batches that arrived live, per stream, keyed C(<topic>#<rank>).
   returned: always
   type: dict
   sample: {"kv-events#0": {first: 0, last: 3, batches: 4}}
@@ -283,7 +283,7 @@ def main():
     argument_spec.update(CHECK_ARG_SPEC)
     try:
         module = AnsibleModule(argument_spec=argument_spec, supports_check_mode=True)
-    except (TypeError, AttributeError, ValueError):
+    except (TypeError, AttributeError, ValueError, OverflowError):
         # ansible-core's validator raises on some shapes (a list where a mapping with suboptions is expected);
         # take the options as they are and let the check's own validation name the one that is wrong.
         module = AnsibleModule(argument_spec=dict((name, {"type": "raw"}) for name in argument_spec), supports_check_mode=True)
