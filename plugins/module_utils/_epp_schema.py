@@ -92,7 +92,7 @@ def type_name(value):
     if isinstance(value, int):
         return "an integer"
     if isinstance(value, float):
-        return "a number"
+        return "a number" if math.isfinite(value) else "%s (not a JSON number)" % value
     if isinstance(value, str):
         return "a string"
     if isinstance(value, dict):

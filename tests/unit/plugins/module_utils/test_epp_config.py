@@ -157,6 +157,8 @@ BAD = [
      "Scheduling profile default gives kv-cache-utilization-scorer the weight -1; weights are numbers >= 0."),
     ("weight-as-string", lambda c: c["schedulingProfiles"][0]["plugins"][2].update(weight="1"),
      "EndpointPickerConfig field schedulingProfiles[0].plugins[2].weight is a string but must be a number."),
+    ("weight-not-a-number", lambda c: c["schedulingProfiles"][0]["plugins"][2].update(weight=float("nan")),
+     "EndpointPickerConfig field schedulingProfiles[0].plugins[2].weight is nan (not a JSON number) but must be a number."),
     ("two-pickers", lambda c: (c["plugins"].append({"type": "random-picker"}),
                                c["schedulingProfiles"][0]["plugins"].append({"pluginRef": "random-picker"})),
      "Scheduling profile default references 2 pickers (max-score-picker, random-picker); the EPP allows one."),
