@@ -147,8 +147,11 @@ problems:
       Plugin precise-prefix-cache-producer parameter kvEventsConfig.podDiscoveryConfig.replaySocketPort is not a field of
       precise-prefix-cache-producer in llm-d-router v0.9.0; the EPP decodes parameters strictly (DisallowUnknownFields),
       so the plugin fails and the EPP does not start.
-deprecations:
-  description: One sentence per deprecated name or field found.
+deprecations_found:
+  description:
+    - One sentence per deprecated name or field found; each is also emitted as an Ansible warning unless
+      O(fail_on_deprecations=true) makes it a problem.
+    - Named so because ansible-core reserves C(deprecations) in a module result.
   returned: always
   type: list
   elements: str
@@ -243,7 +246,7 @@ def main():
             module.warn(sentence)
     for sentence in result.warnings:
         module.warn(sentence)
-    out = dict(changed=False, problems=problems, deprecations=result.deprecations, warnings_found=result.warnings,
+    out = dict(changed=False, problems=problems, deprecations_found=result.deprecations, warnings_found=result.warnings,
                router_version=result.router_version, summary=result.summary)
     if problems:
         module.fail_json(msg="The EndpointPickerConfig has %d problem(s): %s" % (len(problems), " ".join(problems)), **out)

@@ -38,12 +38,17 @@ def run(module, args, expect=AnsibleExitJson):
     return result
 
 
+def test_result_keys_are_not_ones_ansible_reserves():
+    result = run(epp_config_check, {"config": PRECISE})
+    assert not set(result) & {"warnings", "deprecations", "exception"}
+
+
 def test_good_config_from_a_file_passes(tmp_path, warned):
     path = tmp_path / "epp.yaml"
     path.write_text(yaml.safe_dump(PRECISE))
     result = run(epp_config_check, {"path": str(path), "engine": ENGINE, "mode": "precise"})
     assert result["changed"] is False
-    assert result["problems"] == [] and result["deprecations"] == [] and result["warnings_found"] == []
+    assert result["problems"] == [] and result["deprecations_found"] == [] and result["warnings_found"] == []
     assert result["router_version"] == "v0.9.0"
     assert "precise-prefix-cache-producer" in result["summary"]
     assert warned == []
@@ -72,7 +77,7 @@ def test_deprecations_warn_or_fail(warned):
     config = copy.deepcopy(PRECISE)
     config["plugins"][0]["type"] = "tokenizer"
     result = run(epp_config_check, {"config": config, "engine": ENGINE})
-    assert result["deprecations"] == ["Plugin type tokenizer is deprecated; use token-producer."]
+    assert result["deprecations_found"] == ["Plugin type tokenizer is deprecated; use token-producer."]
     assert warned == ["Plugin type tokenizer is deprecated; use token-producer."]
     failed = run(epp_config_check, {"config": config, "engine": ENGINE, "fail_on_deprecations": True}, AnsibleFailJson)
     assert failed["msg"] == "The EndpointPickerConfig has 1 problem(s): Plugin type tokenizer is deprecated; use token-producer."
@@ -82,7 +87,7 @@ def test_tolerated_differences_pass_with_a_warning(warned):
     config = copy.deepcopy(PRECISE)
     config["plugins"][1]["parameters"]["tokenProcessorConfig"]["hashSeed"] = "7"
     result = run(epp_config_check, {"config": config, "engine": ENGINE, "fail_on_deprecations": True})
-    assert result["problems"] == [] and result["deprecations"] == []
+    assert result["problems"] == [] and result["deprecations_found"] == []
     assert len(result["warnings_found"]) == 1 and result["warnings_found"][0].startswith(
         "Producer precise-prefix-cache-producer uses hashSeed '7' while the engines run with PYTHONHASHSEED '42';")
     assert warned == result["warnings_found"]
