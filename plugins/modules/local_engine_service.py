@@ -13,8 +13,9 @@ module: local_engine_service
 short_description: Start, restart or stop a local engine that runs from a launcher script
 version_added: 0.1.0
 description:
-  - Runs the launcher script written by the role C(inference_cache.substrate.local_engine) in the background, in a session of its own, and waits until its health URL answers; or stops that session
-    (SIGTERM, a bounded wait, then SIGKILL).
+  - Runs the launcher script written by the role C(inference_cache.substrate.local_engine) in the background, in a
+    session of its own, and waits until its health URL answers; or stops that session (SIGTERM, a bounded wait, then
+    SIGKILL).
   - The engine is restarted when O(checksum) differs from the checksum it was started with.
   - Records the engine's pid in O(pidfile), and in O(runfile) the checksum and the process's identity (start time and
     boot id). A pid is only signalled when the live process is the one recorded, so a pid reused after a reboot or
