@@ -1,0 +1,145 @@
+# -*- coding: utf-8 -*-
+# Copyright (c) inference_cache.substrate contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+"""Real gaps on the real engine: a test instance of vLLM with a PUB high-water mark of 1, a burst of requests, every gap repaired.
+
+The instance (``pytest-gap``, HTTP port 8200, KV events to tcp://127.0.0.1:5610 which the check binds, replay ROUTER on
+tcp://127.0.0.1:5611) is started through the local_engine role with ``local_engine_kv_events_options: {hwm: 1}``
+(vllm@v0.32.0:vllm/config/kv_events.py ``KVEventsConfig.hwm``: "After queueing N events, events will start dropping"),
+shares the default engine's installation and model, and is stopped whatever happens. It takes the lock of
+tests/integration/test_local_engine_e2e.py, so two engine test modules never run at once.
+
+Without the engine's installation (``make site``) the test is skipped with that reason; ``LOCAL_ENGINE_REQUIRED=1``
+turns the skip into a failure.
+"""
+
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type  # pylint: disable=invalid-name
+
+import fcntl
+import json
+import os
+import subprocess
+import threading
+import time
+import urllib.request
+
+import pytest
+import zmq
+
+from ansible_collections.inference_cache.substrate.plugins.module_utils import _kv_check as check
+from ansible_collections.inference_cache.substrate.plugins.module_utils import _kv_events as kv
+from ansible_collections.inference_cache.substrate.plugins.module_utils import _kv_zmq as kvz
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+PLAYBOOK = os.path.join(ROOT, ".venv", "bin", "ansible-playbook")
+STATE_DIR = os.path.expanduser("~/.cache/inference_cache/local_engine")
+ENGINE_PYTHON = os.path.join(STATE_DIR, "venv", "bin", "python")
+ENV = dict(os.environ, ANSIBLE_FORCE_COLOR="0", ANSIBLE_NOCOLOR="1")
+
+INSTANCE, PORT = "pytest-gap", 8200
+KV_ENDPOINT, REPLAY_ENDPOINT = "tcp://127.0.0.1:5610", "tcp://127.0.0.1:5611"
+TOPIC = "kv@127.0.0.1:%d@tiny" % PORT
+URL = "http://127.0.0.1:%d" % PORT
+INSTANCE_VARS = ["-e", "local_engine_instance=%s" % INSTANCE, "-e", "local_engine_port=%d" % PORT,
+                 "-e", "local_engine_kv_events_endpoint=%s" % KV_ENDPOINT, "-e", "local_engine_kv_events_replay_endpoint=%s" % REPLAY_ENDPOINT,
+                 "-e", "local_engine_kv_events_topic=%s" % TOPIC, "-e", json.dumps({"local_engine_kv_events_options": {"hwm": 1}}),
+                 "--tags", "local_engine"]
+REQUESTS, PARALLEL = 48, 16
+
+
+def _playbook(*args):
+    cmd = [PLAYBOOK if os.path.exists(PLAYBOOK) else "ansible-playbook"] + list(args)
+    return subprocess.run(cmd, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=900, check=False)
+
+
+@pytest.fixture(scope="module")
+def engine():
+    if not os.path.exists(ENGINE_PYTHON):
+        if os.environ.get("LOCAL_ENGINE_REQUIRED") == "1":
+            pytest.fail("No engine installation at %s: run `make site` first." % ENGINE_PYTHON)
+        pytest.skip("No engine installation at %s (run `make site`): the real-engine gap test needs it." % ENGINE_PYTHON)
+    os.makedirs(STATE_DIR, exist_ok=True)
+    with open(os.path.join(STATE_DIR, ".pytest.lock"), "w") as lock:  # the lock of test_local_engine_e2e.py
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            stop = _playbook("playbooks/teardown.yml", *INSTANCE_VARS)  # whatever happened, stop the instance
+            fcntl.flock(lock, fcntl.LOCK_UN)
+            assert stop.returncode == 0, stop.stdout[-3000:]
+
+
+def _complete(index, errors):
+    # Distinct prompts (no shared prefix beyond the first block) of about 300 tokens, a few decoded tokens each.
+    prompt = "Request %d of the burst: %s" % (index, " ".join("word%d-%d" % (index, i) for i in range(120)))
+    body = json.dumps({"model": "tiny", "prompt": prompt, "max_tokens": 40, "ignore_eos": True}).encode()
+    req = urllib.request.Request(URL + "/v1/completions", data=body, headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=300) as resp:
+            resp.read()
+    except Exception as exc:  # pylint: disable=broad-except  (reported by the test)
+        errors.append("%s: %s" % (index, exc))
+
+
+def _burst(done, errors):
+    threads = []
+    for index in range(REQUESTS):
+        while sum(1 for t in threads if t.is_alive()) >= PARALLEL:
+            time.sleep(0.01)
+        thread = threading.Thread(target=_complete, args=(index, errors), daemon=True)
+        thread.start()
+        threads.append(thread)
+    for thread in threads:
+        thread.join(300)
+    done.set()
+
+
+class BurstCheck(check.KVEventsCheck):
+    """The module's check, told when the burst is over: it stops once every request answered and the stream settled."""
+
+    def __init__(self, params, done):
+        super(BurstCheck, self).__init__(params)
+        self.done = done
+
+    def met(self):
+        return self.done.is_set() and super(BurstCheck, self).met()
+
+
+def _replay_buffer():
+    """Everything the engine's replay buffer holds: {seq: BlockStored count}."""
+    ctx = zmq.Context()
+    decoder = kv.KVDecoder()
+    try:
+        return dict((seq, sum(1 for ev in decoder.decode_payload(payload, TOPIC, seq).events if ev.type == "BlockStored"))
+                    for _topic, seq, payload in kvz.replay(ctx, REPLAY_ENDPOINT, 0, time.monotonic() + 60))
+    finally:
+        ctx.destroy(0)
+
+
+def test_every_gap_and_the_tail_repaired_through_the_engine_replay(engine):  # pylint: disable=redefined-outer-name,unused-argument
+    start = _playbook("playbooks/site.yml", *INSTANCE_VARS)
+    assert start.returncode == 0, start.stdout[-3000:]
+    done, errors = threading.Event(), []
+    runner = BurstCheck({"endpoint": KV_ENDPOINT, "socket_mode": "bind", "topic": TOPIC, "replay_endpoint": REPLAY_ENDPOINT,
+                         "timeout": 600.0, "settle": 2.0, "expect": {"BlockStored": 1}, "engine": "auto"}, done)
+    burst = threading.Thread(target=lambda: (time.sleep(2.0), _burst(done, errors)), daemon=True)
+    burst.start()  # the check binds first (the engine connects), then the burst starts
+    facts = runner.run()
+    burst.join(10)
+    assert not errors, errors[:3]
+    gaps, stream = facts["gaps"], facts["seq"]["%s#0" % TOPIC]
+    # The engine really dropped batches at hwm 1 (otherwise this test proves nothing), and every one came back.
+    assert gaps["found"] > 0, "no batch was dropped at hwm 1: %s" % facts["gaps"]
+    assert gaps["unrepaired"] == 0, gaps["details"][:3]
+    # The check ends where the engine's replay buffer ends (the tail included) and counted every BlockStored in it.
+    buffered = _replay_buffer()
+    assert max(buffered) == stream["last"], (max(buffered), stream)
+    first = stream["first"]
+    assert first == min(buffered) == 0, (first, min(buffered))  # the check was listening before the first batch
+    assert facts["counts"]["BlockStored"] == sum(n for seq, n in buffered.items() if seq >= first), (facts["counts"], len(buffered))
+    print("engine batches %d..%d, %d arrived live; gaps %d (tail %s); BlockStored %d"
+          % (first, stream["last"], stream["batches"], gaps["found"], gaps["tail"], facts["counts"]["BlockStored"]))
