@@ -67,6 +67,7 @@ LABEL_SELECTOR = obj({
 }, _APIMACHINERY)
 
 TOKEN_PROCESSOR_CONFIG = obj({
+    # NewChunkedTokenDatabase (same file): 0 means the default 16, a negative size is refused.
     "blockSize": integer(0),
     "blockSizeTokens": integer(0),
     "hashSeed": STR,
@@ -80,7 +81,7 @@ _UDS_TOKENIZER = obj({"socketFile": STR, "useTCP": BOOL, "modelTokenizerMap": ma
 
 INDEXER_CONFIG = obj({
     "kvBlockIndexConfig": obj({
-        "inMemoryConfig": obj({"size": integer(0), "podCacheSize": integer(0)}, _KV + "pkg/kvcache/kvblock/in_memory.go"),
+        "inMemoryConfig": obj({"size": integer(), "podCacheSize": integer()}, _KV + "pkg/kvcache/kvblock/in_memory.go"),
         "redisConfig": _REDIS,
         "valkeyConfig": _REDIS,
         "costAwareMemoryConfig": obj({"size": STR}, _KV + "pkg/kvcache/kvblock/cost_aware_memory.go"),
@@ -91,7 +92,7 @@ INDEXER_CONFIG = obj({
     "KVBlockScorerConfig": obj({"ScoringStrategy": STR, "backendConfigs": list_of(_BACKEND)},
                                _KV + "pkg/kvcache/kvblock_scorer.go"),
     "kvCacheBackendConfigs": list_of(_BACKEND),
-    "tokenizersPoolConfig": obj({"modelName": STR, "workersCount": integer(0), "uds": _UDS_TOKENIZER},
+    "tokenizersPoolConfig": obj({"modelName": STR, "workersCount": integer(), "uds": _UDS_TOKENIZER},
                                 _KV + "pkg/tokenization/pool_uds.go"),
 }, _KV + "pkg/kvcache/indexer.go")
 
@@ -105,6 +106,8 @@ KV_EVENTS_CONFIG = obj({
     "podDiscoveryConfig": obj({
         "podLabelSelector": STR,
         "podNamespace": STR,
+        # Not validated by the EPP, which dials tcp://<pod IP>:<socketPort + rank> (preciseprefixcache/extractor.go):
+        # outside 1..65535 no engine is ever reached.
         "socketPort": integer(1, 65535),
     }, _KV + "pkg/kvevents/pool.go"),
 }, _KV + "pkg/kvevents/pool.go")
@@ -124,9 +127,9 @@ TOKEN_PRODUCER_PARAMS = obj({
                 _P9 + "requestcontrol/dataproducer/tokenizer/vllm_http.go"),
     "estimate": obj({"image": obj({
         "mode": enum("", "dynamic", "static"),
-        "defaultResolution": obj({"width": integer(0), "height": integer(0)}, _TOKENIZER_SRC),
-        "static": obj({"staticToken": integer(0)}, _TOKENIZER_SRC),
-        "dynamic": obj({"factor": integer(0)}, _TOKENIZER_SRC),
+        "defaultResolution": obj({"width": integer(), "height": integer()}, _TOKENIZER_SRC),
+        "static": obj({"staticToken": integer()}, _TOKENIZER_SRC),
+        "dynamic": obj({"factor": integer()}, _TOKENIZER_SRC),
     }, _TOKENIZER_SRC)}, _TOKENIZER_SRC),
     "modelName": STR,
 }, _TOKENIZER_SRC, deprecated={"udsTokenizerConfig": "is deprecated (the gRPC-over-UDS backend); use vllm"})
@@ -166,9 +169,11 @@ _V090 = {
     "prefill-filter": _plugin(_P9 + "scheduling/filter/bylabel/roles.go", "filter"),
     "session-affinity-filter": _plugin(_P9 + "scheduling/filter/sessionaffinity/session_affinity.go", "filter",
                                        obj(_SESSION, _P9 + "scheduling/filter/sessionaffinity/session_affinity.go")),
+    # Ranges and ttftSource values: Config.validate in the same file.
     "prefix-cache-affinity-filter": _plugin(_P9 + "scheduling/filter/prefixcacheaffinity/plugin.go", "filter", obj({
-        "affinityThreshold": number(), "explorationProbability": number(0, 1), "maxTTFTPenaltyMs": number(),
-        "ttftSource": STR, "peakPrefillThroughput": number(), "prefixMatchInfoProducerName": STR,
+        "affinityThreshold": number(maximum=1), "explorationProbability": number(0, 1), "maxTTFTPenaltyMs": number(0),
+        "ttftSource": enum("latencyPredictor", "prefillThroughput"), "peakPrefillThroughput": number(0),
+        "prefixMatchInfoProducerName": STR,
         "latencyPredictionInfoProducerName": STR, "inFlightLoadProducerName": STR,
     }, _P9 + "scheduling/filter/prefixcacheaffinity/plugin.go")),
     "slo-headroom-tier-filter": _plugin(_P9 + "scheduling/filter/sloheadroomtier/plugin.go", "filter", obj({
@@ -193,7 +198,7 @@ _V090 = {
         "queueThresholdTokens": integer(), "inFlightLoadProducerName": STR,
     }, _P9 + "scheduling/scorer/tokenload/token_load.go")),
     "no-hit-lru-scorer": _plugin(_P9 + "scheduling/scorer/nohitlru/no_hit_lru.go", "scorer", obj({
-        "prefixPluginType": STR, "prefixPluginName": STR, "lruSize": integer(0), "prefixMatchInfoProducerName": STR,
+        "prefixPluginType": STR, "prefixPluginName": STR, "lruSize": integer(), "prefixMatchInfoProducerName": STR,
     }, _P9 + "scheduling/scorer/nohitlru/no_hit_lru.go")),
     "active-request-scorer": _plugin(_P9 + "scheduling/scorer/activerequest/active_request.go", "scorer", obj({
         "requestTimeout": STR, "idleThreshold": integer(), "maxBusyScore": number(), "inFlightLoadProducerName": STR,
@@ -232,7 +237,7 @@ _V090 = {
     }, _DISAGG_SRC)),
     "always-disagg-pd-decider": _plugin(_P9 + "scheduling/profilehandler/disagg/always_disagg_pd_decider.go", "decider"),
     "prefix-based-pd-decider": _plugin(_P9 + "scheduling/profilehandler/disagg/prefix_based_pd_decider.go", "decider",
-                                       obj({"nonCachedTokens": integer(0)},
+                                       obj({"nonCachedTokens": integer(0)},  # PrefixBasedPDDeciderConfig.validate
                                            _P9 + "scheduling/profilehandler/disagg/prefix_based_pd_decider.go")),
     "always-disagg-multimodal-decider": _plugin(_P9 + "scheduling/profilehandler/disagg/always_disagg_mm_decider.go", "decider"),
     "disagg-headers-handler": _plugin(_P9 + "scheduling/profilehandler/disagg/disagg_headers_handler.go", "pre-request",
@@ -246,9 +251,10 @@ _V090 = {
     # request-level data producers
     "approx-prefix-cache-producer": _plugin(_P9 + "requestcontrol/dataproducer/approximateprefix/plugin.go",
                                             "producer prefix-producer", obj({
-                                                "autoTune": BOOL, "blockSizeTokens": integer(0), "blockSize": integer(0),
-                                                "maxPrefixBlocksToMatch": integer(0), "maxPrefixTokensToMatch": integer(0),
-                                                "lruCapacityPerServer": integer(0),
+                                                "autoTune": BOOL, "blockSizeTokens": integer(), "blockSize": integer(),
+                                                # newDataProducer (plugin.go): maxPrefixTokensToMatch >= 0
+                                                "maxPrefixBlocksToMatch": integer(), "maxPrefixTokensToMatch": integer(0),
+                                                "lruCapacityPerServer": integer(),
                                             }, _P9 + "requestcontrol/dataproducer/approximateprefix/types.go", deprecated={
                                                 "blockSize": "is deprecated (characters); use blockSizeTokens",
                                                 "maxPrefixBlocksToMatch": "is deprecated; use maxPrefixTokensToMatch"})),
@@ -259,11 +265,11 @@ _V090 = {
                                           "addEstimatedOutputTokens": BOOL, "prefixMatchInfoProducerName": STR,
                                       }, _P9 + "requestcontrol/dataproducer/inflightload/producer.go")),
     "mm-embeddings-cache-producer": _plugin(_P9 + "requestcontrol/dataproducer/multimodal/producer.go", "producer mm-producer",
-                                            obj({"cacheSizeInMBPerServer": integer(0)},
+                                            obj({"cacheSizeInMBPerServer": integer()},
                                                 _P9 + "requestcontrol/dataproducer/multimodal/producer.go")),
     "predicted-latency-producer": _plugin(_P9 + "requestcontrol/dataproducer/predictedlatency/plugin.go",
                                           "producer latency-producer", obj({
-                                              "samplingMean": number(), "maxDecodeTokenSamplesForPrediction": integer(0),
+                                              "samplingMean": number(), "maxDecodeTokenSamplesForPrediction": integer(),
                                               "sloBufferFactor": number(), "contextTTL": NANOSECONDS, "streamingMode": BOOL,
                                               "endpointRoleLabel": STR, "predictInProduce": BOOL,
                                               "prefixMatchInfoProducerName": STR,
@@ -276,15 +282,16 @@ _V090 = {
     # flow control
     "global-strict-fairness-policy": _plugin(_P9 + "flowcontrol/fairness/globalstrict/global_strict.go", "fairness-policy"),
     "round-robin-fairness-policy": _plugin(_P9 + "flowcontrol/fairness/roundrobin/roundrobin.go", "fairness-policy"),
+    # Ranges: Config.validate in the same file (0 written out is a value, not "unset": validate sees it).
     "program-aware-fairness": _plugin(_P9 + "flowcontrol/fairness/program-aware/plugin.go", "fairness-policy", obj({
-        "strategy": STR, "evictionTtlSeconds": number(0), "evictionSweepSeconds": number(0), "lasWeightService": number(),
-        "lasWeightHeadWait": number(), "lasDecayFactor": number(), "lasHalfLifeSeconds": number(0),
+        "strategy": STR, "evictionTtlSeconds": number(0), "evictionSweepSeconds": number(above=0), "lasWeightService": number(0),
+        "lasWeightHeadWait": number(0), "lasDecayFactor": number(maximum=1, above=0), "lasHalfLifeSeconds": number(0),
     }, _P9 + "flowcontrol/fairness/program-aware/plugin.go")),
     "fcfs-ordering-policy": _plugin(_P9 + "flowcontrol/ordering/fcfs/fcfs.go", "ordering-policy"),
     "edf-ordering-policy": _plugin(_P9 + "flowcontrol/ordering/edf/edf.go", "ordering-policy"),
     "slo-deadline-ordering-policy": _plugin(_P9 + "flowcontrol/ordering/slodeadline/slo_deadline.go", "ordering-policy"),
     "static-usage-limit-policy": _plugin(_P9 + "flowcontrol/usagelimits/usagelimitpolicy.go", "usage-limit-policy",
-                                         obj({"threshold": number(0)}, _P9 + "flowcontrol/usagelimits/usagelimitpolicy.go")),
+                                         obj({"threshold": number()}, _P9 + "flowcontrol/usagelimits/usagelimitpolicy.go")),
     "concurrency-detector": _plugin(_P9 + "flowcontrol/saturationdetector/concurrency/detector.go", "saturation-detector", obj({
         "maxConcurrency": integer(), "headroom": number(), "concurrencyMode": enum("requests", "tokens"),
         "maxTokenConcurrency": integer(), "inFlightLoadProducerName": STR,

@@ -56,9 +56,9 @@ def integer(minimum=None, maximum=None):
     return {"t": "int", "min": minimum, "max": maximum}
 
 
-def number(minimum=None, maximum=None):
-    """A float field, optionally range-checked."""
-    return {"t": "float", "min": minimum, "max": maximum}
+def number(minimum=None, maximum=None, above=None):
+    """A float field, optionally range-checked: ``minimum``/``maximum`` inclusive, ``above`` exclusive."""
+    return {"t": "float", "min": minimum, "max": maximum, "above": above}
 
 
 def enum(*values):
@@ -151,8 +151,10 @@ def _is_number(value):
 
 
 def _range(node, value, path, out):
-    low, high = node.get("min"), node.get("max")
-    if low is not None and value < low:
+    low, high, above = node.get("min"), node.get("max"), node.get("above")
+    if above is not None and value <= above:
+        out.append(Finding("range", path, "must be greater than %s (got %s)" % (above, show(value))))
+    elif low is not None and value < low:
         out.append(Finding("range", path, "must be at least %s (got %s)" % (low, show(value))))
     elif high is not None and value > high:
         out.append(Finding("range", path, "must be at most %s (got %s)" % (high, show(value))))

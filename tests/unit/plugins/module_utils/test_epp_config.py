@@ -525,3 +525,34 @@ def test_unknown_router_version_and_mode():
     assert check_epp_config(PRECISE, router_version="v0.8.0").problems == [
         "router_version 'v0.8.0' is not one this collection encodes (v0.9.0)."]
     assert "mode is 'fast' but must be precise or approximate." in check_epp_config(PRECISE, mode="fast").problems
+
+
+@pytest.mark.parametrize("ptype,params,sentence", [
+    # Config.validate in llm-d/llm-d-router@v0.9.0:pkg/epp/framework/plugins/scheduling/filter/prefixcacheaffinity/plugin.go
+    ("prefix-cache-affinity-filter", {"explorationProbability": 1.5},
+     "Plugin p (prefix-cache-affinity-filter) parameter explorationProbability must be at most 1 (got 1.5)."),
+    ("prefix-cache-affinity-filter", {"ttftSource": "guess"},
+     "Plugin p (prefix-cache-affinity-filter) parameter ttftSource is 'guess' but must be one of latencyPredictor, prefillThroughput."),
+    # Config.validate in llm-d/llm-d-router@v0.9.0:pkg/epp/framework/plugins/flowcontrol/fairness/program-aware/plugin.go
+    ("program-aware-fairness", {"lasDecayFactor": 0}, "Plugin p (program-aware-fairness) parameter lasDecayFactor must be greater than 0 (got 0)."),
+    ("program-aware-fairness", {"evictionSweepSeconds": -1},
+     "Plugin p (program-aware-fairness) parameter evictionSweepSeconds must be greater than 0 (got -1)."),
+    # NewDataProducer in .../requestcontrol/dataproducer/approximateprefix/plugin.go
+    ("approx-prefix-cache-producer", {"maxPrefixTokensToMatch": -1},
+     "Plugin p (approx-prefix-cache-producer) parameter maxPrefixTokensToMatch must be at least 0 (got -1)."),
+    # PdProfileHandlerFactory: primaryPort 0 means unset, else 1..65535
+    ("data-parallel-profile-handler", {"primaryPort": -8000},
+     "Plugin p (data-parallel-profile-handler) parameter primaryPort must be at least 0 (got -8000)."),
+])
+def test_ranges_the_factories_enforce(ptype, params, sentence):
+    assert sentence in check_epp_config(_alone(ptype, params)).problems
+
+
+@pytest.mark.parametrize("ptype,params", [
+    ("no-hit-lru-scorer", {"lruSize": -1}),              # NewNoHitLRU falls back to its default
+    ("load-aware-scorer", {"threshold": -3}),            # NewLoadAware falls back to its default
+    ("max-score-picker", {"maxNumOfEndpoints": 0}),      # NewMaxScorePicker falls back to its default
+    ("static-usage-limit-policy", {"threshold": -1.0}),  # used as given
+])
+def test_values_the_epp_accepts_are_not_refused(ptype, params):
+    assert _parameter_problems(check_epp_config(_alone(ptype, params))) == []
