@@ -31,7 +31,7 @@ render: setup  ## Render the Kubernetes manifests and Helm values of inventories
 	  -e router_allow_unpinned_images=true -e cluster_verify_allow_unpinned_images=true
 
 kubernetes: setup  ## The whole stack on a local kind cluster (needs a Docker engine, kind and helm)
-	$(BIN)/ansible-playbook -i inventories/kind playbooks/kubernetes.yml
+	$(BIN)/ansible-playbook -i inventories/kind playbooks/kubernetes.yml $(ARGS)
 
 test: setup  ## Everything below, with a summary; fails if any stage fails
 	@scripts/test_all.sh

@@ -15,8 +15,17 @@ headless Service (one DNS record per ready pod) and runs, against each pod IP in
 * the prefix-cache check (plugins/module_utils/_prefix_cache.py): a cold and a warm request sharing a prefix,
   hits read from that pod's /metrics.
 
-Prints one JSON document (per-pod results) on stdout; exit status 0 when every pod passed and at least
---expect-pods pods were found, 1 otherwise, 2 on a usage or environment error.
+and once, through the router (checks in ROUTER_CHECKS):
+
+* routed_prefix: a cold and a warm request sharing a long prefix sent to the router's URL (--router-url, the
+  proxy beside the EPP), never to a pod. The engine pod that served the repeated prefix must report the hit
+  (its prefix-cache hit counter moves by at least one block); with --epp-metrics-url, the EPP's KV-block index
+  must have admitted blocks (KV events ingested) and, in precise mode, found the prefix on lookup.
+
+Prints one JSON document (per-pod results, then the router's) on stdout; exit status 0 when every check passed
+and at least --expect-pods pods were found, 1 otherwise, 2 on a usage or environment error. A new per-pod check
+is one function ``check_<name>(ip, args)`` plus one entry in CHECKS; a check that runs once is one function
+``check_<name>(ips, args)`` plus one entry in ROUTER_CHECKS.
 """
 
 from __future__ import absolute_import, division, print_function
@@ -45,7 +54,15 @@ def parse_args(argv):
     parser.add_argument("--model", default=None, help="served model name (default: the first of /v1/models)")
     parser.add_argument("--engine", default="auto", choices=["auto", "vllm", "sglang"])
     parser.add_argument("--block-size", type=int, default=None)
-    parser.add_argument("--checks", default="kv_events,prefix_cache", help="comma-separated: kv_events, prefix_cache")
+    parser.add_argument("--checks", default="kv_events,prefix_cache",
+                        help="comma-separated: kv_events, prefix_cache (per pod), routed_prefix (through the router)")
+    parser.add_argument("--pods", default="", help="comma-separated pod IPs to check instead of resolving --service")
+    parser.add_argument("--router-url", default="", help="the router's OpenAI URL (routed_prefix), e.g. http://<release>-epp.<ns>:8081")
+    parser.add_argument("--epp-metrics-url", default="", help="the EPP's metrics page (routed_prefix), e.g. http://<release>-epp.<ns>:9090/metrics")
+    parser.add_argument("--scoring-mode", default="precise", choices=["precise", "approximate"],
+                        help="precise: the EPP's index must also find the repeated prefix on lookup")
+    parser.add_argument("--prefix-words", type=int, default=400, help="words of shared prefix in routed_prefix")
+    parser.add_argument("--settle", type=float, default=2.0, help="seconds between the cold and the warm request (events reach the EPP)")
     parser.add_argument("--timeout", type=float, default=60.0, help="seconds per check and pod")
     parser.add_argument("--resolve-timeout", type=float, default=60.0, help="seconds to wait for --expect-pods DNS records")
     return parser.parse_args(argv)
@@ -102,33 +119,134 @@ def check_prefix_cache(ip, args):
             "hit_tokens": result.get("hit_tokens"), "expected_hit_tokens": result.get("expected_hit_tokens")}
 
 
+# The EPP's KV-block index counters (indexerConfig.kvBlockIndexConfig.enableMetrics). llm-d-kv-cache@7be76e1 (the
+# newest commit read before v0.9.0, pkg/kvcache/metrics/collector.go) names them kvcache_index_*; the router's own
+# copy after v0.9.0 names them llm_d_epp_kv_cache_index_*. Either is accepted, the first found wins.
+EPP_ADMISSIONS = ("kvcache_index_admissions_total", "llm_d_epp_kv_cache_index_admissions_total")
+EPP_LOOKUP_HITS = ("kvcache_index_lookup_hits_total", "llm_d_epp_kv_cache_index_lookup_hits_total")
+
+
+def make_client(base_url, timeout):
+    return module_utils("_openai_http").OpenAIClient(base_url, timeout=timeout)
+
+
+def read_metrics(url, timeout):
+    """The Prometheus page at ``url`` as {name: value summed over labels}; raises OpenAIHTTPError or PrefixCacheError."""
+    base, path = url.split("/metrics", 1)[0], "/metrics"
+    text = make_client(base, timeout).get_text(path)
+    return module_utils("_prefix_cache").parse_metrics(text)["samples"]
+
+
+def _first(samples, names):
+    for name in names:
+        if name in samples:
+            return name
+    return None
+
+
+def _complete(router, model, prompt):
+    return router.post_json("/v1/completions", {"model": model, "prompt": prompt, "max_tokens": 1, "temperature": 0})
+
+
+def check_routed_prefix(ips, args):
+    """Cold and warm request through the router; the pod that served the repeated prefix reports the hit."""
+    http = module_utils("_openai_http")
+    prefix = module_utils("_prefix_cache")
+    if not args.router_url:
+        return {"ok": False, "msg": "routed_prefix needs --router-url (the router's OpenAI URL)."}
+    engine_urls = dict((ip, "http://%s:%d/metrics" % (_host(ip), args.http_port)) for ip in ips)
+    router = make_client(args.router_url, args.timeout)
+    try:
+        model = args.model or http.model_ids(router.get_json("/v1/models"))[0]
+        before = dict((ip, read_metrics(url, args.timeout)) for ip, url in engine_urls.items())
+        epp_before = read_metrics(args.epp_metrics_url, args.timeout) if args.epp_metrics_url else None
+        shared = prefix.make_nonce() + " " + prefix.filler(args.prefix_words, seed=7)
+        _complete(router, model, shared + " cold")
+        time.sleep(args.settle)
+        _complete(router, model, shared + " warm")
+        time.sleep(args.settle)
+        after = dict((ip, read_metrics(url, args.timeout)) for ip, url in engine_urls.items())
+        epp_after = read_metrics(args.epp_metrics_url, args.timeout) if args.epp_metrics_url else None
+    except (http.OpenAIHTTPError, prefix.PrefixCacheError, IndexError) as exc:
+        return {"ok": False, "msg": "A request through the router or a metrics read failed: %s" % (str(exc).rstrip(".") or "no model served") + "."}
+    hits = {}
+    for ip in ips:
+        found = prefix.detect_engine(after[ip], args.engine)
+        if found:
+            hits[ip] = int(round(after[ip].get(found[1], 0.0) - before[ip].get(found[1], 0.0)))
+    block = args.block_size or prefix.DEFAULT_BLOCK_SIZE
+    served = sorted(ip for ip, value in hits.items() if value >= block)
+    result = {"hit_tokens_by_pod": hits, "served_by": served}
+    if not hits:
+        result.update(ok=False, msg="No engine pod exposes a prefix-cache hit counter on /metrics.")
+        return result
+    if not served:
+        result.update(ok=False, msg=("No engine pod reported a prefix-cache hit of at least one block (%d tokens) for the prefix "
+                                     "repeated through the router: the warm request did not reach the pod that cached it." % block))
+        return result
+    if epp_after is not None:
+        admissions = _first(epp_after, EPP_ADMISSIONS)
+        if admissions is None:
+            result.update(ok=False, msg="The EPP's metrics page has no KV-block index counter (%s): enableMetrics is off or the "
+                                        "index is not running." % " or ".join(EPP_ADMISSIONS))
+            return result
+        admitted = int(round(epp_after[admissions] - epp_before.get(admissions, 0.0)))
+        result["epp_admissions"] = admitted
+        if admitted <= 0:
+            result.update(ok=False, msg="The EPP's KV-block index admitted no block while the engines cached the prefix: it "
+                                        "ingested no KV events.")
+            return result
+        lookups = _first(epp_after, EPP_LOOKUP_HITS)
+        looked_up = int(round(epp_after.get(lookups, 0.0) - epp_before.get(lookups, 0.0))) if lookups else 0
+        result["epp_lookup_hits"] = looked_up
+        if args.scoring_mode == "precise" and looked_up <= 0:
+            result.update(ok=False, msg="The EPP's KV-block index found no block of the repeated prefix on lookup, so precise "
+                                        "scoring did not see it.")
+            return result
+    epp_part = (", and the EPP admitted %d KV blocks" % result["epp_admissions"]) if "epp_admissions" in result else ""
+    result.update(ok=True, msg="The repeated prefix sent through the router hit the cache of pod %s (%d tokens)%s."
+                  % (served[0], hits[served[0]], epp_part))
+    return result
+
+
 CHECKS = {"kv_events": check_kv_events, "prefix_cache": check_prefix_cache}
+ROUTER_CHECKS = {"routed_prefix": check_routed_prefix}
 
 
 def main(argv=None):
     args = parse_args(argv)
     names = [n.strip() for n in args.checks.split(",") if n.strip()]
-    unknown = [n for n in names if n not in CHECKS]
+    unknown = [n for n in names if n not in CHECKS and n not in ROUTER_CHECKS]
     if unknown or not names:
-        sys.stderr.write("error: --checks takes %s, got %s.\n" % (", ".join(sorted(CHECKS)), args.checks))
+        sys.stderr.write("error: --checks takes %s, got %s.\n" % (", ".join(sorted(list(CHECKS) + list(ROUTER_CHECKS))), args.checks))
         return 2
-    ips = resolve_pods(args.service, args.http_port, args.expect_pods, args.resolve_timeout)
-    report = {"service": args.service, "pods": [], "ok": True, "msg": ""}
+    if args.pods:
+        ips = [ip.strip() for ip in args.pods.split(",") if ip.strip()]
+    else:
+        ips = resolve_pods(args.service, args.http_port, args.expect_pods, args.resolve_timeout)
+    report = {"service": args.service, "pods": [], "router": {}, "ok": True, "msg": ""}
     if len(ips) < args.expect_pods:
         report["ok"] = False
         report["msg"] = "%s resolved to %d pod(s), fewer than the %d expected." % (args.service, len(ips), args.expect_pods)
+    pod_names = [n for n in names if n in CHECKS]
     for ip in ips:
         pod = {"ip": ip, "checks": {}}
-        for name in names:
+        for name in pod_names:
             pod["checks"][name] = CHECKS[name](ip, args)
         pod["ok"] = all(c["ok"] for c in pod["checks"].values())
         report["pods"].append(pod)
+    for name in (n for n in names if n in ROUTER_CHECKS):
+        report["router"][name] = ROUTER_CHECKS[name](ips, args)
     failed = [p for p in report["pods"] if not p["ok"]]
+    router_failed = [n for n, c in report["router"].items() if not c["ok"]]
     if failed:
         report["ok"] = False
         first = failed[0]
         bad = [n for n, c in first["checks"].items() if not c["ok"]][0]
         report["msg"] = ("%d of %d pod(s) failed; first: pod %s, %s: %s" % (len(failed), len(ips), first["ip"], bad, first["checks"][bad]["msg"]))
+    elif router_failed:
+        report["ok"] = False
+        report["msg"] = "Through the router, %s: %s" % (router_failed[0], report["router"][router_failed[0]]["msg"])
     elif report["ok"]:
         report["msg"] = "All %d pod(s) passed %s." % (len(ips), " and ".join(names))
     sys.stdout.write(json.dumps(report, sort_keys=True) + "\n")

@@ -44,6 +44,8 @@ def image(name):
 DIGESTS = {
     "model_server_image": None,  # per profile, below
     "router_epp_image": image("epp"),
+    "router_tokenizer_image": image("vllm_cpu"),
+    "router_proxy_image": image("envoy"),
     "nvidia_device_plugin_image": image("nvidia_device_plugin"),
     "nvidia_device_plugin_smoke_image": image("cuda_sample"),
 }
@@ -58,6 +60,8 @@ def case(profile, mode, service_type, **extra):
         "model_server_service_type": service_type,
         "router_scoring_mode": mode,
         "router_epp_image": DIGESTS["router_epp_image"],
+        "router_tokenizer_image": DIGESTS["router_tokenizer_image"],
+        "router_proxy_image": DIGESTS["router_proxy_image"],
         "nvidia_device_plugin_image": DIGESTS["nvidia_device_plugin_image"],
         "nvidia_device_plugin_smoke_image": DIGESTS["nvidia_device_plugin_smoke_image"],
     }
@@ -65,9 +69,22 @@ def case(profile, mode, service_type, **extra):
     return host
 
 
-# Every profile x scoring mode x Service type the issue names, plus the policy corner cases.
+def inventory_case(inventory, **extra):
+    """The group variables of inventories/<inventory> (what `make kubernetes` uses), with test digests."""
+    with open(os.path.join(ROOT, "inventories", inventory, "group_vars", "k8s_controller", "main.yml")) as handle:
+        host = yaml.safe_load(handle)
+    profile = host.get("model_server_profile", "vllm_cpu")
+    host.update(case(profile, host.get("router_scoring_mode", "precise"), host.get("model_server_service_type", "ClusterIP")))
+    host.update(extra)
+    return host
+
+
+# Every profile x scoring mode x Service type x router chart the issues name, the inventories as shipped, and the
+# policy corner cases.
 CASES = {
-    "cpu-precise-clusterip": case("vllm_cpu", "precise", "ClusterIP", model_server_hf_token=HF_TOKEN),
+    "kind-inventory": inventory_case("kind"),
+    "gpu-inventory-nvkind": inventory_case("gpu", kind_cluster_mode="nvkind"),
+    "cpu-precise-clusterip": case("vllm_cpu", "precise", "ClusterIP", model_server_hf_token=HF_TOKEN, router_hf_token=HF_TOKEN),
     "cpu-approximate-nodeport": case("vllm_cpu", "approximate", "NodePort"),
     "cpu-precise-loadbalancer": case("vllm_cpu", "precise", "LoadBalancer"),
     "cpu-precise-kv-nodeport": case("vllm_cpu", "precise", "NodePort", model_server_kv_events_node_port_enabled=True,
@@ -75,13 +92,18 @@ CASES = {
     "cpu-user-kv-config": case("vllm_cpu", "approximate", "ClusterIP",
                                model_server_extra_args=["--kv-events-config", USER_KV_CONFIG, "--enable-prompt-tokens-details"]),
     "cpu-replay": case("vllm_cpu", "precise", "ClusterIP", model_server_kv_events_replay_port=5558),
+    "cpu-precise-engine-tokens": case("vllm_cpu", "precise", "ClusterIP", router_tokenizer_sidecar=False,
+                                      model_server_enable_scale_out=True, router_hf_token_secret="my-hf-secret"),
+    "cpu-precise-gateway-istio": case("vllm_cpu", "precise", "ClusterIP", router_chart="gateway", router_gateway_provider="istio",
+                                      cluster_verify_router={"request_url": "http://inference-gateway-istio.inference-cache.svc:80"}),
     "gpu-lmcache-precise-loadbalancer": case("vllm_lmcache", "precise", "LoadBalancer", kind_cluster_mode="nvkind"),
     "gpu-lmcache-approximate-clusterip": case("vllm_lmcache", "approximate", "ClusterIP"),
     "sglang-precise-clusterip": case("sglang_lmcache", "precise", "ClusterIP", model_server_tensor_parallel_size=2),
-    "sglang-approximate-loadbalancer": case("sglang_lmcache", "approximate", "LoadBalancer"),
+    "sglang-approximate-loadbalancer": case("sglang_lmcache", "approximate", "LoadBalancer", kind_cluster_mode="nvkind"),
 }
 
-# Cases that must fail, with the sentence each must print.
+# Cases that must fail, with the sentence each must print. Each stops in a preflight, before anything is rendered
+# or applied (test_refusals_stop_before_anything_is_written).
 NEGATIVE = {
     "neg-bare-tag": (case("vllm_cpu", "precise", "ClusterIP", model_server_image="docker.io/vllm/vllm-openai-cpu:v0.32.0"),
                      "is not pinned by digest"),
@@ -91,11 +113,26 @@ NEGATIVE = {
     "neg-pinned-defaults": ({"router_scoring_mode": "precise"}, "is not pinned by digest"),
     "neg-epp-bare-tag": (case("vllm_cpu", "precise", "ClusterIP", router_epp_image="ghcr.io/llm-d/llm-d-router-endpoint-picker:v0.9.0"),
                          "The EPP image ghcr.io/llm-d/llm-d-router-endpoint-picker:v0.9.0 is not pinned by digest"),
+    "neg-proxy-bare-tag": (case("vllm_cpu", "precise", "ClusterIP", router_proxy_image="docker.io/envoyproxy/envoy:distroless-v1.33.2"),
+                           "The router image docker.io/envoyproxy/envoy:distroless-v1.33.2 is not pinned by digest"),
     "neg-kv-on-loadbalancer": (case("vllm_cpu", "precise", "LoadBalancer", model_server_kv_events_node_port_enabled=True),
                                "cannot be combined with a LoadBalancer"),
-    "neg-block-size-mismatch": (case("vllm_cpu", "precise", "ClusterIP", router_engine_override=True), None),
+    "neg-empty-peers": (case("vllm_cpu", "precise", "ClusterIP", model_server_kv_events_allowed_peers=[]),
+                        "would be open to every pod"),
+    "neg-empty-peer-labels": (case("vllm_cpu", "approximate", "ClusterIP", model_server_kv_events_allowed_peers=[{"labels": {}}]),
+                              "would be open to every pod"),
+    "neg-no-network-policy": (case("vllm_cpu", "approximate", "ClusterIP", model_server_network_policy_enabled=False),
+                              "would be open to every pod"),
+    "neg-node-port-no-cidrs": (case("vllm_cpu", "precise", "NodePort", model_server_kv_events_node_port_enabled=True,
+                                    model_server_kv_events_node_port_source_cidrs=[]),
+                               "would be open to every pod"),
+    "neg-sglang-lmcache-too-new": (case("sglang_lmcache", "precise", "ClusterIP", model_server_lmcache_version="0.5.6"),
+                                   "SGLang 0.5.12 builds its LMCache connector without config_file"),
+    "neg-gateway-without-provider": (case("vllm_cpu", "precise", "ClusterIP", router_chart="gateway"),
+                                     "no request reaches the EPP"),
+    "neg-engine-tokens-without-scale-out": (case("vllm_cpu", "precise", "ClusterIP", router_tokenizer_sidecar=False),
+                                            "answers with 403 unless it was"),
 }
-NEGATIVE.pop("neg-block-size-mismatch")  # covered by the epp_config_check unit and module tests
 
 
 def write_inventory(path, cases):
@@ -131,7 +168,7 @@ def load_case(out, name):
     """Everything one case rendered: manifests per role, Helm values, the EPP config, the engine facts."""
     base = os.path.join(out, name)
     result = {"manifests": {}, "docs": []}
-    for role in ("model_server", "cluster_verify", "nvidia_device_plugin"):
+    for role in ("model_server", "router", "cluster_verify", "nvidia_device_plugin"):
         path = os.path.join(base, role, "manifests.yaml")
         if os.path.exists(path):
             with open(path) as handle:
@@ -139,6 +176,7 @@ def load_case(out, name):
             result["manifests"][role] = docs
             result["docs"].extend(docs)
     for key, rel in (("kind_config", "kind_cluster/kind-config.yaml"), ("epp_config", "router/epp-config.yaml"),
+                     ("router_values", "router/helm/llm-d-router-standalone.values.yaml"),
                      ("router_values", "router/helm/llm-d-router-gateway.values.yaml"), ("router_release", "router/helm/release.yaml"),
                      ("nvdp_values", "nvidia_device_plugin/helm/nvidia-device-plugin.values.yaml"),
                      ("nvdp_release", "nvidia_device_plugin/helm/release.yaml")):

@@ -52,9 +52,9 @@ def rendered(tmp_path_factory):
 def refused(tmp_path_factory):
     tmp = str(tmp_path_factory.mktemp("refused"))
     cases = dict((name, host) for name, (host, _msg) in R.NEGATIVE.items())
-    returncode, output, _out = R.run_render(tmp, cases, callback="oneline")
+    returncode, output, out = R.run_render(tmp, cases, callback="oneline")
     assert returncode != 0, output[-4000:]
-    return output
+    return {"output": output, "out": out}
 
 
 def all_cases():
@@ -124,8 +124,9 @@ def test_router_values_use_the_pinned_chart_and_new_keys(rendered, name):
     case = rendered["cases"][name]
     values, release = case["router_values"], case["router_release"]
     pins = yaml.safe_load(open(R.PINS))
-    assert release["chart_ref"] == pins["charts"]["llm_d_router_gateway"]["ref"]
-    assert release["chart_version"] == pins["charts"]["llm_d_router_gateway"]["version"] == "v0.9.0"
+    chart = R.CASES[name].get("router_chart", "standalone")
+    assert release["chart_ref"] == pins["charts"]["llm_d_router_" + chart]["ref"]
+    assert release["chart_version"] == pins["charts"]["llm_d_router_" + chart]["version"] == "v0.9.0"
     assert not set(values) & {"inferenceExtension", "inferencePool", "experimentalHttpRoute", "inferenceObjectives"}, \
         "legacy top-level keys make the chart refuse to install"
     epp = values["router"]["epp"]
@@ -135,6 +136,47 @@ def test_router_values_use_the_pinned_chart_and_new_keys(rendered, name):
     assert image == R.CASES[name]["router_epp_image"]
     assert values["router"]["modelServers"]["matchLabels"], "the InferencePool needs a selector"
     assert values["router"]["modelServers"]["type"] == case["engine"]["engine_type"]
+
+
+@pytest.mark.parametrize("name", all_cases())
+def test_requests_pass_through_the_router(rendered, name):
+    """Issue 9 point 8: the EPP is in a request path, and the verifier sends its requests through it."""
+    case = rendered["cases"][name]
+    values = case["router_values"]
+    chart = R.CASES[name].get("router_chart", "standalone")
+    if chart == "standalone":
+        proxy = values["router"]["proxy"]
+        assert proxy["enabled"] is True and proxy["proxyType"] == "envoy" and proxy["mode"] == "sidecar"
+        http = [p for p in values["router"]["extraServicePorts"] if p["name"] == "http"]
+        assert http and http[0]["port"] == 8081, "the proxy's listener is the EPP Service port named http"
+        assert "provider" not in values and "httpRoute" not in values
+        router_url = "http://inference-cache-router-epp.inference-cache.svc.cluster.local:8081"
+    else:
+        assert values["provider"]["name"] in ("istio", "gke"), "the gateway chart without a provider routes nothing"
+        assert values["httpRoute"]["create"] is True and values["httpRoute"]["inferenceGatewayName"]
+        router_url = R.CASES[name]["cluster_verify_router"]["request_url"]
+    args = job_args(case)
+    assert "routed_prefix" in arg_after(args, "--checks").split(",")
+    assert arg_after(args, "--router-url") == router_url
+    assert arg_after(args, "--scoring-mode") == R.CASES[name]["router_scoring_mode"]
+    if chart == "standalone":
+        assert arg_after(args, "--epp-metrics-url") == "http://inference-cache-router-epp.inference-cache.svc.cluster.local:9090/metrics"
+        assert values["router"]["monitoring"]["prometheus"]["auth"]["enabled"] is False, "the verifier reads the EPP's metrics"
+    node_ports = [d for d in case["manifests"].get("router", []) if d["kind"] == "Service"]
+    if R.CASES[name].get("router_service_type") == "NodePort":
+        assert node_ports and node_ports[0]["spec"]["selector"] == {"llm-d-router-gateway": "inference-cache-router-epp"}
+        assert node_ports[0]["spec"]["ports"][0]["targetPort"] == 8081
+    else:
+        assert not node_ports
+
+
+def test_kind_inventory_sends_host_requests_through_the_router(rendered):
+    case = rendered["cases"]["kind-inventory"]
+    engine_services = [d for d in case["manifests"]["model_server"] if d["kind"] == "Service"]
+    assert all(s["spec"].get("type", "ClusterIP") == "ClusterIP" for s in engine_services), "the engines bypass the router on kind"
+    router = [d for d in case["manifests"]["router"] if d["kind"] == "Service"][0]
+    mapped = [m["containerPort"] for m in case["kind_config"]["nodes"][0]["extraPortMappings"]]
+    assert router["spec"]["ports"][0]["nodePort"] in mapped
 
 
 @pytest.mark.parametrize("name", all_cases())
@@ -152,8 +194,71 @@ def test_scoring_modes(rendered, name):
         assert config["dataLayer"]["sources"][0]["extractors"][0]["pluginRef"] == "precise-prefix-cache-producer"
         kvc = types["precise-prefix-cache-producer"]["parameters"]["kvEventsConfig"]
         assert kvc["discoverPods"] is True and "zmqEndpoint" not in kvc
-        if R.CASES[name].get("model_server_kv_events_replay_port"):
-            assert kvc["podDiscoveryConfig"]["replaySocketPort"] == R.CASES[name]["model_server_kv_events_replay_port"]
+
+
+@pytest.mark.parametrize("name", all_cases())
+def test_no_replay_socket_port_at_v0_9_0(rendered, name):
+    """Issue 9 point 1: v0.9.0's podDiscoveryConfig has no replaySocketPort; the EPP refuses unknown fields."""
+    config = rendered["cases"][name]["epp_config"]
+    assert "replaySocketPort" not in json.dumps(config)
+    if R.CASES[name].get("model_server_kv_events_replay_port"):
+        # the engines keep their replay endpoint for other consumers (the verifier, a newer router)
+        assert rendered["cases"][name]["engine"]["kv_events_config"]["replay_endpoint"] == "tcp://*:5558"
+
+
+@pytest.mark.parametrize("name", all_cases())
+def test_precise_token_source_answers(rendered, name):
+    """Issue 9 point 5: vLLM 0.32.0 serves /v1/completions/render only with --enable-scale-out; else the render sidecar."""
+    case = rendered["cases"][name]
+    if R.CASES[name]["router_scoring_mode"] != "precise":
+        assert case["router_values"]["router"]["tokenizer"]["enabled"] is False
+        return
+    producer = [p for p in case["epp_config"]["plugins"] if p["type"] == "token-producer"][0]
+    url = producer["parameters"]["vllm"]["url"]
+    tokenizer = case["router_values"]["router"]["tokenizer"]
+    if tokenizer["enabled"]:
+        assert url == "http://localhost:8000", "the token-producer calls the render sidecar in its own pod"
+        assert tokenizer["modelName"] == producer["parameters"]["modelName"]
+    else:
+        assert case["engine"]["engine_type"] == "vllm", "SGLang engines serve no render endpoint: the sidecar is required"
+        assert url.startswith("http://model-server.inference-cache.svc.cluster.local:8000")
+        assert "--enable-scale-out" in case["engine"]["args"]
+
+
+@pytest.mark.parametrize("name", all_cases())
+def test_render_sidecar_needs_no_secret_nothing_creates(rendered, name):
+    """Issue 9 point 2: no HF_TOKEN from llm-d-hf-token; a token Secret only when one is given; sized by variables."""
+    case = rendered["cases"][name]
+    tokenizer = case["router_values"]["router"]["tokenizer"]
+    if not tokenizer["enabled"]:
+        return
+    assert "llm-d-hf-token" not in json.dumps(tokenizer)
+    refs = [e["valueFrom"]["secretKeyRef"]["name"] for e in tokenizer["env"] if "valueFrom" in e]
+    secrets = [d["metadata"]["name"] for d in case["manifests"].get("router", []) if d["kind"] == "Secret"]
+    if R.CASES[name].get("router_hf_token"):
+        assert refs == ["inference-cache-router-hf-token"] and secrets == refs
+    elif R.CASES[name].get("router_hf_token_secret"):
+        assert refs == [R.CASES[name]["router_hf_token_secret"]] and not secrets
+    else:
+        assert tokenizer["env"] == [] and not secrets, "the chart default env would read a Secret nothing creates"
+    expected = R.CASES[name].get("router_tokenizer_resources") or {"requests": {"cpu": "500m", "memory": "1Gi"}, "limits": {"memory": "2Gi"}}
+    assert tokenizer["resources"] == expected
+    image = "%s/%s:%s" % (tokenizer["image"]["registry"], tokenizer["image"]["repository"], tokenizer["image"]["tag"])
+    assert image == R.CASES[name]["router_tokenizer_image"]
+
+
+@pytest.mark.parametrize("name", all_cases())
+def test_nvkind_runtime_class(rendered, name):
+    """Issue 9 point 4: on nvkind the device plugin, the CUDA smoke pod and the GPU engines use RuntimeClass nvidia."""
+    case = rendered["cases"][name]
+    nvkind = R.CASES[name].get("kind_cluster_mode") == "nvkind"
+    gpu = case["engine"]["profile"] != "vllm_cpu"
+    pod = engine_pod(case)
+    assert pod.get("runtimeClassName") == ("nvidia" if nvkind and gpu else None)
+    if gpu:
+        assert case["nvdp_values"].get("runtimeClassName") == ("nvidia" if nvkind else None)
+        smoke = [d for d in case["manifests"]["nvidia_device_plugin"] if d["kind"] == "Pod"][0]
+        assert smoke["spec"].get("runtimeClassName") == ("nvidia" if nvkind else None)
 
 
 # -- policies --------------------------------------------------------------------------------------------------
@@ -162,9 +267,18 @@ def services(case):
     return [d for d in case["docs"] if d["kind"] == "Service"]
 
 
-def engine_container(case):
+def engine_pod(case):
     deployment = [d for d in case["manifests"]["model_server"] if d["kind"] == "Deployment"][0]
-    return deployment["spec"]["template"]["spec"]["containers"][0]
+    return deployment["spec"]["template"]["spec"]
+
+
+def engine_container(case):
+    return engine_pod(case)["containers"][0]
+
+
+def job_args(case):
+    job = [d for d in case["docs"] if d["kind"] == "Job"][0]
+    return job["spec"]["template"]["spec"]["containers"][0]["args"]
 
 
 def engine_env(case):
@@ -199,18 +313,22 @@ def test_network_policy_admits_kv_events_only_from_router_and_verifier(rendered,
     policy = [d for d in case["docs"] if d["kind"] == "NetworkPolicy"][0]
     epp_label = {"llm-d-router-gateway": "inference-cache-router-epp"}
     verifier = [d for d in case["docs"] if d["kind"] == "Job"][0]["spec"]["template"]["metadata"]["labels"]
+    kv_rules = 0
     for rule in policy["spec"]["ingress"]:
         ports = [p["port"] for p in rule["ports"]]
         if 5557 not in ports:
             continue
+        kv_rules += 1
         peers = rule.get("from")
-        assert peers, "%s: the KV-event port is open to every pod" % name
+        assert peers, "%s: the KV-event port is open to every pod (a rule without from)" % name
         for peer in peers:
             if "ipBlock" in peer:
                 assert R.CASES[name].get("model_server_kv_events_node_port_enabled"), "%s: an ipBlock opens the KV-event port" % name
                 continue
             labels = peer["podSelector"]["matchLabels"]
+            assert labels, "%s: an empty podSelector admits every pod to the KV-event port" % name
             assert labels == epp_label or all(verifier.get(k) == v for k, v in labels.items()), labels
+    assert kv_rules >= 1, "%s: no rule names who may reach the KV-event port" % name
 
 
 @pytest.mark.parametrize("name", all_cases())
@@ -230,7 +348,8 @@ def test_engine_pod_contract(rendered, name):
     kv = case["engine"]["kv_events_config"]
     if not case["engine"]["user_kv_events_config"]:
         assert kv["endpoint"] == "tcp://*:5557", "the engines bind so the EPP and the verifier can both connect"
-        assert kv["topic"] == "kv@$(POD_IP):8000@Qwen/Qwen3-0.6B"
+        model = R.CASES[name].get("model_server_model", "Qwen/Qwen3-0.6B")
+        assert kv["topic"] == "kv@$(POD_IP):8000@" + model
         assert kv["publisher"] == "zmq"
     if case["engine"]["profile"] != "vllm_cpu":
         assert container["resources"]["limits"]["nvidia.com/gpu"] == str(R.CASES[name].get("model_server_tensor_parallel_size", 1))
@@ -258,7 +377,13 @@ def test_generated_kv_events_config_is_injected_once(rendered):
 @pytest.mark.parametrize("name", all_cases())
 def test_every_image_is_pinned_by_digest(rendered, name):
     case = rendered["cases"][name]
-    images = []
+    router = case["router_values"]["router"]
+    images = ["%s/%s:%s" % (router["epp"]["image"]["registry"], router["epp"]["image"]["repository"], router["epp"]["image"]["tag"])]
+    if router["tokenizer"]["enabled"]:
+        images.append("%s/%s:%s" % (router["tokenizer"]["image"]["registry"], router["tokenizer"]["image"]["repository"],
+                                    router["tokenizer"]["image"]["tag"]))
+    if "proxy" in router:
+        images.append(router["proxy"]["image"])
     for doc in case["docs"]:
         spec = doc.get("spec", {})
         pod = spec.get("template", {}).get("spec") or (spec if doc["kind"] == "Pod" else None)
@@ -272,9 +397,42 @@ def test_every_image_is_pinned_by_digest(rendered, name):
 @pytest.mark.parametrize("name", sorted(R.NEGATIVE))
 def test_refusals_print_their_message(refused, name):
     expected = R.NEGATIVE[name][1]
-    lines = [line for line in refused.splitlines() if line.startswith(name + " | FAILED")]
-    assert lines, "%s did not fail:\n%s" % (name, refused[-3000:])
+    assert expected, "%s declares no message" % name
+    lines = [line for line in refused["output"].splitlines() if line.startswith(name + " | FAILED")]
+    assert lines, "%s did not fail:\n%s" % (name, refused["output"][-3000:])
     assert expected in lines[0], lines[0][:2000]
+
+
+ROUTER_REFUSALS = {"neg-epp-bare-tag", "neg-proxy-bare-tag", "neg-gateway-without-provider", "neg-engine-tokens-without-scale-out"}
+
+
+@pytest.mark.parametrize("name", sorted(R.NEGATIVE))
+def test_refusals_stop_before_anything_is_written(refused, name):
+    """Issue 9 point 10: the refusals run in the preflights, before the role builds or renders anything.
+
+    The engines' own refusals (the KV-event port open to every pod among them) leave no engine manifest behind;
+    playbooks/kubernetes.yml renders every role into a scratch folder before it applies anything
+    (test_kubernetes_playbook_checks_before_applying).
+    """
+    assert not os.path.exists(os.path.join(refused["out"], name, "router")), "%s rendered the router before refusing" % name
+    if name not in ROUTER_REFUSALS:
+        assert not os.path.exists(os.path.join(refused["out"], name, "model_server")), "%s rendered engines before refusing" % name
+
+
+def test_kubernetes_playbook_checks_before_applying():
+    """The first play of playbooks/kubernetes.yml renders model_server and router (every preflight and epp_config_check)
+    into a scratch folder, before the kind cluster, the device plugin or any engine is created."""
+    with open(os.path.join(R.ROOT, "playbooks", "kubernetes.yml")) as handle:
+        plays = yaml.safe_load(handle)
+    first = plays[0]
+    roles = [t.get("ansible.builtin.include_role", {}).get("name") for t in first.get("tasks", [])]
+    assert roles.index("inference_cache.substrate.model_server") < roles.index("inference_cache.substrate.router")
+    for task in first["tasks"]:
+        if task.get("ansible.builtin.include_role"):
+            render_vars = [k for k in task.get("vars", {}) if k.endswith("_render_dir")]
+            assert render_vars, "%s must run in render mode in the check play" % task["name"]
+    applied = [r if isinstance(r, str) else r["role"] for play in plays[1:] for r in play.get("roles", [])]
+    assert "inference_cache.substrate.model_server" in applied and "inference_cache.substrate.kind_cluster" in applied
 
 
 def test_secrets_never_reach_the_output_or_the_files(rendered):
@@ -283,8 +441,10 @@ def test_secrets_never_reach_the_output_or_the_files(rendered):
         for name in files:
             with open(os.path.join(folder, name)) as handle:
                 assert R.HF_TOKEN not in handle.read(), "the token was written to %s" % name
-    secret = [d for d in rendered["cases"]["cpu-precise-clusterip"]["docs"] if d["kind"] == "Secret"][0]
-    assert secret["stringData"]["HF_TOKEN"].startswith("<redacted")
+    secrets = [d for d in rendered["cases"]["cpu-precise-clusterip"]["docs"] if d["kind"] == "Secret"]
+    assert len(secrets) == 2, "the engines' and the render sidecar's token Secrets"
+    assert all(s["stringData"]["HF_TOKEN"].startswith("<redacted") for s in secrets)
+    secret = [s for s in secrets if s["metadata"]["name"] == "model-server-hf-token"][0]
     env = engine_container(rendered["cases"]["cpu-precise-clusterip"])["env"]
     ref = [e for e in env if e["name"] == "HF_TOKEN"][0]
     assert ref["valueFrom"]["secretKeyRef"]["name"] == secret["metadata"]["name"]

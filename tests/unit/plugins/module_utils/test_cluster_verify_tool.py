@@ -3,7 +3,8 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
 
-"""tools/cluster_verify.py (the in-cluster CLI over the module_utils): per-pod fan-out, pod-count check, report and exit status (checks faked)."""
+"""tools/cluster_verify.py (the in-cluster CLI over the module_utils): per-pod fan-out, pod-count check, report and exit
+status (per-pod checks faked); the routed_prefix check against a fake router, fake engines and a fake EPP."""
 
 from __future__ import absolute_import, division, print_function
 
@@ -87,4 +88,152 @@ def test_missing_pods_fail(cli, monkeypatch, capsys):
 def test_unknown_check_is_a_usage_error(cli, monkeypatch, capsys):
     monkeypatch.setattr(cli, "resolve_pods", lambda *a: [])
     assert cli.main(["--service", "x", "--checks", "bogus"]) == 2
-    assert "--checks takes kv_events, prefix_cache" in capsys.readouterr().err
+    assert "--checks takes kv_events, prefix_cache, routed_prefix" in capsys.readouterr().err
+
+
+# -- routed_prefix: requests through the router, hits on the pod that served them, the EPP's index counters --------
+
+class FakeCluster:
+    """Two engine pods behind a router. Each pod caches the prompts it served (a hit = the shared leading words,
+    one 'token' per word); the EPP counts admitted blocks and lookup hits as a precise index would."""
+
+    def __init__(self, route="affinity", epp_metrics=True, epp_admits=True, epp_names="kvcache_index"):
+        self.pods = {"10.0.0.1": {"prompts": [], "hits": 0, "queries": 0}, "10.0.0.2": {"prompts": [], "hits": 0, "queries": 0}}
+        self.route = route
+        self.epp = {"admissions": 0, "lookup_hits": 0} if epp_metrics else None
+        self.epp_admits = epp_admits
+        self.epp_names = epp_names
+        self.served = []
+
+    def pick(self, prompt):
+        ips = sorted(self.pods)
+        if self.route == "affinity":  # the pod that already holds the longest shared prefix, else the first
+            best = max(ips, key=lambda ip: max([shared(prompt, p) for p in self.pods[ip]["prompts"]] or [0]))
+            return best
+        return ips[len(self.served) % 2]  # round robin: the warm request lands on the other pod
+
+    def complete(self, prompt):
+        ip = self.pick(prompt)
+        pod = self.pods[ip]
+        words = len(prompt.split())
+        hit = max([shared(prompt, p) for p in pod["prompts"]] or [0])
+        if self.epp is not None and hit and self.route == "affinity":
+            self.epp["lookup_hits"] += hit // 32
+        pod["hits"] += (hit // 32) * 32
+        pod["queries"] += words
+        pod["prompts"].append(prompt)
+        if self.epp is not None and self.epp_admits:
+            self.epp["admissions"] += words // 32
+        self.served.append(ip)
+        return {"choices": [{"text": "x"}]}
+
+    def metrics(self, ip):
+        pod = self.pods[ip]
+        return ("vllm:prefix_cache_hits_total{model_name=\"tiny\"} %d\nvllm:prefix_cache_queries_total{model_name=\"tiny\"} %d\n"
+                % (pod["hits"], pod["queries"]))
+
+    def epp_metrics(self):
+        return "%s_admissions_total %d\n%s_lookup_hits_total %d\n" % (
+            self.epp_names, self.epp["admissions"], self.epp_names, self.epp["lookup_hits"])
+
+
+def shared(a, b):
+    count = 0
+    for x, y in zip(a.split(), b.split()):
+        if x != y:
+            break
+        count += 1
+    return count
+
+
+class FakeClient:
+    def __init__(self, cluster, base):
+        self.cluster, self.base = cluster, base
+
+    def get_text(self, path):
+        assert path == "/metrics"
+        if "router-epp" in self.base and ":9090" in self.base:
+            if self.cluster.epp is None:
+                return "go_goroutines 12\n"
+            return self.cluster.epp_metrics()
+        ip = self.base.split("//")[1].rsplit(":", 1)[0]
+        return self.cluster.metrics(ip)
+
+    def get_json(self, path):
+        assert path == "/v1/models" and ":8081" in self.base, "models are asked of the router"
+        return {"data": [{"id": "tiny"}]}
+
+    def post_json(self, path, body):
+        assert path == "/v1/completions" and ":8081" in self.base, "completions go through the router, never to a pod"
+        return self.cluster.complete(body["prompt"])
+
+
+ROUTED_ARGV = ["--service", "engines-kv-events.ns.svc.cluster.local", "--pods", "10.0.0.1,10.0.0.2", "--expect-pods", "2",
+               "--checks", "routed_prefix", "--router-url", "http://router-epp.ns:8081", "--block-size", "32",
+               "--epp-metrics-url", "http://router-epp.ns:9090/metrics", "--settle", "0", "--prefix-words", "200"]
+
+
+def run_routed(cli, monkeypatch, capsys, cluster, argv=None):
+    monkeypatch.setattr(cli, "make_client", lambda base, timeout: FakeClient(cluster, base))
+    code = cli.main(list(ROUTED_ARGV if argv is None else argv))
+    return code, json.loads(capsys.readouterr().out)
+
+
+def test_routed_prefix_passes_when_the_router_keeps_the_prefix_on_one_pod(cli, monkeypatch, capsys):
+    cluster = FakeCluster()
+    code, report = run_routed(cli, monkeypatch, capsys, cluster)
+    result = report["router"]["routed_prefix"]
+    assert code == 0 and report["ok"], report
+    assert result["served_by"] == ["10.0.0.1"] and result["hit_tokens_by_pod"]["10.0.0.2"] == 0
+    assert result["epp_admissions"] > 0 and result["epp_lookup_hits"] > 0
+    assert cluster.served == ["10.0.0.1", "10.0.0.1"]
+    assert report["pods"] == [{"ip": "10.0.0.1", "checks": {}, "ok": True}, {"ip": "10.0.0.2", "checks": {}, "ok": True}]
+
+
+def test_routed_prefix_fails_when_the_warm_request_lands_elsewhere(cli, monkeypatch, capsys):
+    code, report = run_routed(cli, monkeypatch, capsys, FakeCluster(route="round-robin"))
+    assert code == 1
+    assert report["msg"].startswith("Through the router, routed_prefix: No engine pod reported a prefix-cache hit")
+
+
+def test_routed_prefix_fails_when_the_epp_ingested_no_events(cli, monkeypatch, capsys):
+    code, report = run_routed(cli, monkeypatch, capsys, FakeCluster(epp_admits=False))
+    assert code == 1
+    assert "admitted no block" in report["msg"] and "ingested no KV events" in report["msg"]
+
+
+def test_routed_prefix_fails_without_the_index_counters(cli, monkeypatch, capsys):
+    code, report = run_routed(cli, monkeypatch, capsys, FakeCluster(epp_metrics=False))
+    assert code == 1
+    assert "has no KV-block index counter (kvcache_index_admissions_total or llm_d_epp_kv_cache_index_admissions_total)" in report["msg"]
+
+
+def test_routed_prefix_reads_the_newer_metric_names(cli, monkeypatch, capsys):
+    code, report = run_routed(cli, monkeypatch, capsys, FakeCluster(epp_names="llm_d_epp_kv_cache_index"))
+    assert code == 0, report
+
+
+def test_routed_prefix_precise_needs_lookup_hits_approximate_does_not(cli, monkeypatch, capsys):
+    class NoLookups(FakeCluster):
+        def epp_metrics(self):
+            self.epp["lookup_hits"] = 0
+            return FakeCluster.epp_metrics(self)
+    code, report = run_routed(cli, monkeypatch, capsys, NoLookups())
+    assert code == 1 and "found no block of the repeated prefix on lookup" in report["msg"]
+    code, report = run_routed(cli, monkeypatch, capsys, NoLookups(), ROUTED_ARGV + ["--scoring-mode", "approximate"])
+    assert code == 0, report
+
+
+def test_routed_prefix_needs_the_router_url(cli, monkeypatch, capsys):
+    argv = [a for a in ROUTED_ARGV if a != "http://router-epp.ns:8081" and a != "--router-url"]
+    code, report = run_routed(cli, monkeypatch, capsys, FakeCluster(), argv)
+    assert code == 1 and report["msg"] == "Through the router, routed_prefix: routed_prefix needs --router-url (the router's OpenAI URL)."
+
+
+def test_routed_prefix_fails_when_the_pods_expose_no_hit_counter(cli, monkeypatch, capsys):
+    class Bare(FakeCluster):
+        def metrics(self, ip):
+            return "process_cpu_seconds_total 1\n"
+    code, report = run_routed(cli, monkeypatch, capsys, Bare())
+    assert code == 1
+    assert report["msg"] == "Through the router, routed_prefix: No engine pod exposes a prefix-cache hit counter on /metrics."

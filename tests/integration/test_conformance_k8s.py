@@ -1,0 +1,193 @@
+# -*- coding: utf-8 -*-
+# Copyright (c) inference_cache.substrate contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+"""Every rendered Kubernetes case held against the pinned upstream, as data (tests/integration/k8s_conformance.yml).
+
+The facts there were read in upstream source at the pinned tags and cite ``repo@tag:path``: the Helm values the
+router and device-plugin charts consume, the chart defaults that must be overridden, the EPP plugin parameter
+fields at llm-d-router v0.9.0 (decoded with DisallowUnknownFields: one unknown field and the EPP does not start),
+nvkind's RuntimeClass, vLLM's render endpoint and SGLang's LMCache connector. The cases are the render tests'
+(tests/integration/_k8s_render.py): kind and GPU inventories, vLLM CPU/LMCache and SGLang, precise and
+approximate, standalone and gateway charts.
+"""
+
+from __future__ import absolute_import, division, print_function
+
+import json
+import os
+import re
+import sys
+
+import pytest
+import yaml
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _k8s_render as R  # noqa: E402  pylint: disable=wrong-import-position
+
+FACTS_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "k8s_conformance.yml")
+with open(FACTS_FILE) as _handle:
+    FACTS = yaml.safe_load(_handle)
+CITATION = re.compile(r"^[\w.-]+/[\w.-]+@[\w.]+:\S+|^[\w.-]+==[\w.]+ wheel:\S+")
+
+
+@pytest.fixture(scope="module")
+def rendered(tmp_path_factory):
+    tmp = str(tmp_path_factory.mktemp("conformance"))
+    returncode, output, out = R.run_render(tmp, R.CASES)
+    assert returncode == 0, output[-4000:]
+    return dict((name, R.load_case(out, name)) for name in R.CASES)
+
+
+def leaf_paths(value, prefix=""):
+    """Dotted paths of every leaf of a nested mapping (lists and empty maps are leaves)."""
+    if isinstance(value, dict) and value:
+        for key, sub in value.items():
+            yield from leaf_paths(sub, prefix + "." + key if prefix else key)
+    else:
+        yield prefix
+
+
+def consumed(path, allowed):
+    return any(path == a or path.startswith(a + ".") for a in allowed)
+
+
+def check_parameters(value, spec, where):
+    """Problems of one plugin's parameters against the v0.9.0 field lists (unknown fields, maps where scalars go)."""
+    problems = []
+    fields = spec["fields"]
+    if not isinstance(value, dict):
+        return ["%s is not a mapping" % where]
+    for key, sub in value.items():
+        if key not in fields:
+            problems.append("%s.%s is not a field at v0.9.0 (%s)" % (where, key, spec.get("source", "see parent")))
+        elif isinstance(fields[key], dict):
+            problems.extend(check_parameters(sub, fields[key], where + "." + key))
+        elif fields[key] == "scalar" and isinstance(sub, (dict, list)):
+            problems.append("%s.%s must be a scalar" % (where, key))
+    return problems
+
+
+def all_cases():
+    return sorted(R.CASES)
+
+
+def test_every_fact_cites_upstream():
+    def sources(node):
+        if isinstance(node, dict):
+            for key, sub in node.items():
+                if key == "source" or (isinstance(sub, str) and "@" in sub and ":" in sub):
+                    yield sub
+                else:
+                    yield from sources(sub)
+    cited = list(sources(FACTS))
+    assert len(cited) > 40
+    for source in cited:
+        assert CITATION.match(source), "not a repo@tag:path citation: %s" % source
+    for section in ("router_chart_values", "epp_plugin_parameters", "device_plugin_chart_values"):
+        assert FACTS[section]
+
+
+@pytest.mark.parametrize("name", all_cases())
+def test_router_values_are_all_consumed_by_the_chart(rendered, name):
+    chart = R.CASES[name].get("router_chart", "standalone")
+    allowed = list(FACTS["router_chart_values"]["common"]) + list(FACTS["router_chart_values"][chart])
+    values = rendered[name]["router_values"]
+    unread = [p for p in leaf_paths(values) if not consumed(p, allowed)]
+    assert not unread, "%s: values no %s template of v0.9.0 reads: %s" % (name, chart, unread)
+
+
+@pytest.mark.parametrize("name", all_cases())
+def test_chart_defaults_that_break_a_deployment_are_overridden(rendered, name):
+    values = rendered[name]["router_values"]
+    for path, fact in FACTS["router_chart_defaults_overridden"].items():
+        node = values
+        for key in path.split("."):
+            node = node.get(key) if isinstance(node, dict) else None
+        if path.startswith("router.tokenizer.") and not values["router"]["tokenizer"]["enabled"]:
+            continue
+        if path.startswith("router.proxy.") and "proxy" not in values["router"]:
+            continue
+        assert node is not None, "%s: %s keeps the chart default %s (%s)" % (name, path, fact["default"], fact["source"])
+        assert node != fact["default"], "%s: %s equals the chart default (%s)" % (name, path, fact["source"])
+
+
+@pytest.mark.parametrize("name", all_cases())
+def test_standalone_listener_and_epp_label(rendered, name):
+    values = rendered[name]["router_values"]
+    if "proxy" in values["router"]:
+        ports = [p for p in values["router"]["extraServicePorts"] if p["name"] == "http"]
+        assert ports[0]["port"] == FACTS["standalone_http_port"]["port"]
+    policy = [d for d in rendered[name]["docs"] if d["kind"] == "NetworkPolicy"][0]
+    keys = set(k for rule in policy["spec"]["ingress"] for peer in rule.get("from", []) for k in peer.get("podSelector", {}).get("matchLabels", {}))
+    assert FACTS["epp_pod_label"]["key"] in keys
+
+
+@pytest.mark.parametrize("name", all_cases())
+def test_epp_plugin_parameters_are_v0_9_0_fields(rendered, name):
+    config = rendered[name]["epp_config"]
+    problems = []
+    for plugin in config["plugins"]:
+        spec = FACTS["epp_plugin_parameters"].get(plugin["type"])
+        params = plugin.get("parameters")
+        if spec is None:
+            assert not params, "%s: %s has parameters this test does not know the v0.9.0 fields of" % (name, plugin["type"])
+            continue
+        problems.extend(check_parameters(params or {}, spec, plugin["type"]))
+    assert not problems, "%s: %s" % (name, problems)
+
+
+def test_parameter_check_refuses_what_v0_9_0_refuses():
+    """The field check is strict: the v0.10 replay port and a misspelt field are both caught."""
+    spec = FACTS["epp_plugin_parameters"]["precise-prefix-cache-producer"]
+    bad = {"kvEventsConfig": {"podDiscoveryConfig": {"socketPort": 5557, "replaySocketPort": 5558}},
+           "tokenProcessorConfig": {"blockSizeToken": 16}}
+    problems = check_parameters(bad, spec, "precise-prefix-cache-producer")
+    assert len(problems) == 2 and "replaySocketPort" in problems[0] + problems[1]
+
+
+@pytest.mark.parametrize("name", all_cases())
+def test_engine_type_is_rendered_but_ignored_at_v0_9_0(rendered, name):
+    """kvEventsConfig.engineType is accepted (a field) but the v0.9.0 producer always decodes with the vLLM adapter."""
+    case = rendered[name]
+    for plugin in case["epp_config"]["plugins"]:
+        if plugin["type"] == "precise-prefix-cache-producer":
+            assert plugin["parameters"]["kvEventsConfig"]["engineType"] == case["engine"]["engine_type"]
+    with open(os.path.join(R.ROOT, "docs", "compatibility.md")) as handle:
+        docs = handle.read()
+    assert FACTS["engine_type_ignored"]["source"].split(":", 1)[1] in docs
+
+
+@pytest.mark.parametrize("name", all_cases())
+def test_device_plugin_values_are_consumed_by_the_chart(rendered, name):
+    values = rendered[name].get("nvdp_values")
+    if values is None:
+        return
+    unread = [p for p in leaf_paths(values) if not consumed(p, FACTS["device_plugin_chart_values"])]
+    assert not unread, "%s: device plugin values no v0.17.1 template reads: %s" % (name, unread)
+    if R.CASES[name].get("kind_cluster_mode") == "nvkind":
+        assert values["runtimeClassName"] == FACTS["nvkind_runtime_class"]["name"]
+
+
+@pytest.mark.parametrize("name", all_cases())
+def test_sglang_lmcache_pair_starts(rendered, name):
+    case = rendered[name]
+    if case["engine"]["profile"] != "sglang_lmcache":
+        return
+    pins = yaml.safe_load(open(R.PINS))
+    pinned = pins["software"]["lmcache_for_sglang"]
+    assert pinned == FACTS["sglang_lmcache"]["pinned"]
+    newest = tuple(int(x) for x in FACTS["sglang_lmcache"]["newest_compatible"].split("."))
+    assert tuple(int(x) for x in pinned.split(".")) <= newest
+    assert "--enable-lmcache" in case["engine"]["args"]
+
+
+def test_pins_agree_with_the_facts():
+    pins = yaml.safe_load(open(R.PINS))
+    assert pins["charts"]["llm_d_router_standalone"]["version"] == pins["charts"]["llm_d_router_gateway"]["version"] == "v0.9.0"
+    assert pins["images"]["epp"]["tag"] == "v0.9.0"
+    assert pins["software"]["llm_d_kv_cache"] == "v0.9.0", "llm-d-router@v0.9.0:go.mod requires llm-d-kv-cache v0.9.0"
+    assert pins["images"]["envoy"]["tag"] == "distroless-v1.33.2", "llm-d-router@v0.9.0 standalone values: envoy preset image"
+    assert pins["charts"]["nvidia_device_plugin"]["version"] == "0.17.1"
+    assert json.dumps(FACTS["vllm_render_endpoint"]["flag"]) == '"--enable-scale-out"'
