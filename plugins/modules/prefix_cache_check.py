@@ -289,7 +289,7 @@ RANGES = dict(
 
 def main():
     module = ansible_module(ARGUMENT_SPEC, mutually_exclusive=[("prefix", "prefix_tokens")], required_by=HTTP_REQUIRED_BY,
-                           supports_check_mode=True)
+                            supports_check_mode=True)
     if not HAS_PROMETHEUS_CLIENT:
         module.fail_json(msg=missing_required_lib("prometheus_client"), exception=PROMETHEUS_CLIENT_IMPORT_ERROR)
     params = module.params
