@@ -7,8 +7,11 @@
 """Events/s of the collection's KV-event decoder vs a plain msgspec typed decode of the same payloads.
 
 The reference is what a hand-written consumer does: ``msgspec.msgpack.Decoder(KVEventBatch)`` with vLLM's own
-struct shapes (map events, token ids decoded into a list). Ours decodes the frames, redacts token ids into
-counts and builds uniform Event objects. Target: ours >= 0.5 x reference. Bounded: about --seconds per case.
+struct shapes (vllm@v0.32.0:vllm/distributed/kv_events.py; map events, token ids decoded into a list). Ours decodes
+the frames (topic, sequence number, payload) with typed structs that leave token ids undecoded (counted from the
+msgpack header) and skip extra keys. Also shown: ours with token ids decoded (``include_token_ids``, what a KV-block
+index uses) and the tolerant path (positional arrays, SGLang). Target: ours >= 1.0 x reference in the same run.
+Bounded: about --seconds per case. Exit status 1 when the target is missed (numbers, not a timed test).
 
   .venv/bin/python benchmarks/bench_kv_decode.py [--seconds 1.0] [--json]
 """
@@ -96,13 +99,14 @@ def main(argv=None):
     shapes = [("small", payloads(blocks=2)), ("prefill_45_blocks", payloads(n_batches=32, blocks=45))]
     ref_decoder = msgspec.msgpack.Decoder(RefBatch)
     ours = kv.KVDecoder()
+    with_tokens = kv.KVDecoder(include_token_ids=True)
     generic = kv.KVDecoder(engine="sglang")  # forces the tolerant (untyped) path
     report = {}
     for shape, (items, n_events) in shapes:
         frames = [[b"kv-events", kv.seq_to_bytes(i), p] for i, p in enumerate(items)]
         assert all(ours.decode_frames(f).fast for f in frames[:3])
         cases = [("reference_msgspec_typed", ref_decoder.decode, items), ("ours_decode_frames", ours.decode_frames, frames),
-                 ("ours_tolerant_path", generic.decode_frames, frames)]
+                 ("ours_with_token_ids", with_tokens.decode_frames, frames), ("ours_tolerant_path", generic.decode_frames, frames)]
         results = dict((name, 0.0) for name, _f, _i in cases)
         for _round in range(3):  # interleaved rounds, best of three: robust against a busy 2-core machine
             for name, func, data in cases:
@@ -115,10 +119,10 @@ def main(argv=None):
     else:
         for shape, results in report.items():
             print("%s (%.1f events/batch)" % (shape, results["events_per_batch"]))
-            for name in ("reference_msgspec_typed", "ours_decode_frames", "ours_tolerant_path"):
+            for name in ("reference_msgspec_typed", "ours_decode_frames", "ours_with_token_ids", "ours_tolerant_path"):
                 print("  %-26s %12.0f events/s" % (name, results[name]))
-            print("  %-26s %12.2f (target >= 0.5)" % ("ours / reference", results["ratio_ours_vs_reference"]))
-    return 0 if min(r["ratio_ours_vs_reference"] for r in report.values()) >= 0.5 else 1
+            print("  %-26s %12.2f (target >= 1.0)" % ("ours / reference", results["ratio_ours_vs_reference"]))
+    return 0 if min(r["ratio_ours_vs_reference"] for r in report.values()) >= 1.0 else 1
 
 
 if __name__ == "__main__":

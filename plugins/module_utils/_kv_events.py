@@ -157,6 +157,7 @@ class KVDecoder:
         self.max_topics = max_topics
         self._forced = None if engine == "auto" else engine
         self._typed = list(wire.SHAPES_WITH_TOKENS if include_token_ids else wire.SHAPES) if engine != "sglang" else []
+        self._fast = self._typed[0][1].decode if self._typed else None
         self._topics = {}
 
     # -- messages -------------------------------------------------------------------------
@@ -172,21 +173,31 @@ class KVDecoder:
             name = topic_to_str(topic)
             if len(self._topics) < self.max_topics:  # a cache of topic names, bounded
                 self._topics[bytes(topic)] = name
+        fast = self._fast
+        if fast is not None and len(payload) <= self.max_payload:  # the common case, inlined
+            try:
+                batch = fast(payload)
+            except (wire.DecodeError, wire.ValidationError):
+                pass
+            else:
+                # The typed batch is the decoded batch: no per-event work (token ids are counted on demand).
+                batch.topic = name
+                batch.seq = int.from_bytes(seq, "big")
+                if self._forced:
+                    batch.forced_engine = self._forced
+                return batch
         return self.decode_payload(payload, name, int.from_bytes(seq, "big"))
 
     def decode_payload(self, payload, topic="", seq=None):
         """Decode one msgpack ``EventBatch`` (a live payload or a replayed one)."""
         if len(payload) > self.max_payload:
             raise MalformedMessage("a payload of %d bytes exceeds the %d-byte limit" % (len(payload), self.max_payload))
-        typed = self._typed
-        for idx, (_fmt, decoder) in enumerate(typed):
+        for _fmt, decoder in self._typed:
             try:
                 batch = decoder.decode(payload)
             except (wire.DecodeError, wire.ValidationError):
                 continue
-            if idx:
-                typed.insert(0, typed.pop(idx))  # the last shape that worked is tried first
-            # The typed batch is the decoded batch: no per-event work (token ids are counted on demand).
+            self._fast = decoder.decode  # the last shape that worked is tried first
             batch.topic = topic
             batch.seq = seq
             if self._forced:
