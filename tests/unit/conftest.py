@@ -64,7 +64,7 @@ def publisher(zctx):
     def make(endpoint, bind=True, replay_endpoint=None, topic="", wire_format="vllm-map", replay_topic=True, rank=0,
              hash_kind="int", **run_kwargs):
         pub = synth.SyntheticPublisher(endpoint, bind=bind, replay_endpoint=replay_endpoint, topic=topic, wire_format=wire_format,
-                                     replay_topic=replay_topic, rank=rank, hash_kind=hash_kind, ctx=zctx)
+                                       replay_topic=replay_topic, rank=rank, hash_kind=hash_kind, ctx=zctx)
         run_kwargs.setdefault("count", 6)
         run_kwargs.setdefault("interval", 0.02)
         run_kwargs.setdefault("wait_subscriber", 5.0)
