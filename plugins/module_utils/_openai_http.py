@@ -24,6 +24,7 @@ __metaclass__ = type  # pylint: disable=invalid-name
 
 import json
 import math
+import re
 import socket
 import time
 
@@ -77,6 +78,7 @@ def _reason(exc):
     if isinstance(exc, socket.timeout) or type(exc).__name__ in ("TimeoutError", "timeout"):
         return "timed out"
     text = getattr(exc, "strerror", None) or str(exc)
+    text = re.sub(r"\s*\(_ssl\.c:\d+\)", "", str(text))  # OpenSSL's source location is no reason
     return _one_line(text, 200).rstrip(".") or "the connection failed"
 
 
