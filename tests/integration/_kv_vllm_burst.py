@@ -44,7 +44,8 @@ def main(argv=None):
         event = BlockStored(block_hashes=[step + 1], parent_block_hash=step or None, token_ids=list(range(16)), block_size=16,
                             lora_id=None, medium="GPU", lora_name=None)
         pub.publish(KVEventBatch(ts=time.time(), events=[event]))
-    while pub._event_queue.qsize():  # pylint: disable=protected-access  (the publisher thread drains it)
+    # The publisher thread drains its queue; wait until it did.
+    while pub._event_queue.qsize():  # pylint: disable=protected-access
         time.sleep(0.01)
     sys.stdout.write(json.dumps({"published": args.batches}) + "\n")
     sys.stdout.flush()

@@ -81,8 +81,8 @@ def _complete(index, errors):
     try:
         with urllib.request.urlopen(req, timeout=300) as resp:
             resp.read()
-    except Exception as exc:  # pylint: disable=broad-except  (reported by the test)
-        errors.append("%s: %s" % (index, exc))
+    except Exception as exc:  # pylint: disable=broad-except
+        errors.append("%s: %s" % (index, exc))  # reported by the test
 
 
 def _burst(done, errors):

@@ -10,6 +10,7 @@ from __future__ import absolute_import, division, print_function
 __metaclass__ = type  # pylint: disable=invalid-name
 
 import json
+import math
 import re
 import threading
 from http.server import BaseHTTPRequestHandler, HTTPServer
@@ -181,7 +182,7 @@ WRONG_VALUES = {
                                         st.integers(0, 3), min_size=1, max_size=2),
                         st.dictionaries(st.sampled_from(["BlockStored", "BlockRemoved"]),
                                         st.one_of(st.integers(max_value=-1), st.lists(st.integers(), max_size=2), NOT_A_NUMBER,
-                                                  st.floats(allow_nan=False).filter(lambda f: f != int(f) if f == f and abs(f) != float("inf") else True)),
+                                                  st.floats(allow_nan=False).filter(lambda f: not math.isfinite(f) or f != int(f))),
                                         min_size=1, max_size=2)),
     "trigger": st.one_of(SHAPES.filter(lambda v: not isinstance(v, dict)),
                          st.fixed_dictionaries({"url": _text(max_size=10).filter(lambda u: not u.lower().startswith(("http://", "https://")))}),
