@@ -3,10 +3,13 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
 
-"""The render_files action plugin: writes, idempotence, modes, check mode, diff, the folder guard, wrong inputs.
+"""The render_files action plugin in-process on a real folder: writes, idempotence, modes, check mode, diff, the folder
+guard, wrong inputs (hand-picked and generated).
 
-It lives with the module tests: ansible-test units would run a tests/unit/plugins/action folder as its "controller"
-group, which fails to load this collection's conftest when staged (and still exits 0).
+Here and not under tests/unit: an action plugin imports controller code (ansible.errors, ansible.plugins), which
+ansible-test units refuses in its modules and module_utils groups, and its controller group fails to load the staged
+collection's conftest once pytest-ansible has pointed ANSIBLE_COLLECTIONS_PATH at ./collections (and still exits 0).
+Plain pytest (make pytest, make integration) runs this file.
 """
 
 from __future__ import absolute_import, division, print_function
