@@ -49,7 +49,7 @@ ARG_SPEC = {
     "model": {"type": "str"},
     "workload": {"type": "dict", "default": {}, "options": WORKLOAD_SPEC},
     "expect": {"type": "dict", "default": {}, "options": EXPECT_SPEC},
-    "max_tokens": {"type": "int", "default": 1},
+    "max_tokens": {"type": "int", "default": 1, "no_log": False},
     "settle": {"type": "float", "default": 0.3},
     "event_wait": {"type": "float", "default": 5.0},
     "timeout": {"type": "float", "default": 600.0},

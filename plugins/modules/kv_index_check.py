@@ -211,7 +211,7 @@ exact:
   type: int
   sample: 60
 exact_percent:
-  description: O(exact) as a percentage of the requests (null before the first request).
+  description: RV(exact) as a percentage of the requests (null before the first request).
   returned: always
   type: float
   sample: 100.0
