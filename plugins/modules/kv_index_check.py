@@ -64,8 +64,8 @@ options:
         default: connect
       topic:
         description:
-          - The engine's KV-event topic, C(kv@<host>:<port>@<model>) as the router identifies engines. Messages under
-            another topic are counted, not indexed. Empty accepts every topic.
+          - The engine's KV-event topic, C(kv@<host>:<port>@<model>) as the router identifies engines, or a prefix of it
+            (ZMQ topics match by prefix). Messages under another topic are counted, not indexed. Empty accepts every topic.
         type: str
       replay_endpoint:
         description:

@@ -70,9 +70,11 @@ def test_exact_through_evictions_and_copies():
         facts["requests"], facts["requests"]))
 
 
-def test_token_ids_stay_inside():
+def test_token_ids_stay_inside_and_a_topic_prefix_is_enough():
     with two_engines() as engines:
-        ok, facts = run(params(engines, workload=dict(WORKLOAD, rounds=2), expect={"min_requests": 1}))
+        p = params(engines, workload=dict(WORKLOAD, rounds=2), expect={"min_requests": 1})
+        p["engines"][0]["topic"] = "kv@127.0.0.1:%d@" % engines[0].port
+        ok, facts = run(p)
     assert ok, facts.msg
     assert "token_ids" not in repr(facts)
 
@@ -85,6 +87,7 @@ def test_token_ids_stay_inside():
             return [found for item in value for found in int_lists(item)]
         return []
     assert int_lists(facts) == []
+    assert facts["engines"]["engine-0"]["batches"] > 0 and facts["engines"]["engine-0"]["other_topics"] == {}
 
 
 def test_wrong_topic_fails_naming_family_engine_and_counts():
@@ -96,7 +99,7 @@ def test_wrong_topic_fails_naming_family_engine_and_counts():
     msg = assert_one_sentence(exc.msg)
     assert "for prompt family family-" in msg and "on engine engine-1 but the engine reported" in msg
     assert "predicted 0 cached tokens" in msg
-    assert "no KV events arrived under its topic 'kv@127.0.0.1:1@tiny', but messages arrived under 'kv@127.0.0.1:%d@tiny'" % (
+    assert "no KV events arrived under its topic prefix 'kv@127.0.0.1:1@tiny', but messages arrived under 'kv@127.0.0.1:%d@tiny'" % (
         engines[1].port) in msg
     assert exc.facts["mismatches"][0]["predicted"] == 0 and exc.facts["mismatches"][0]["reported"] > 0
     assert exc.facts["engines"]["engine-1"]["other_topics"] and exc.facts["engines"]["engine-1"]["batches"] == 0
