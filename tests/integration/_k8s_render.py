@@ -69,6 +69,14 @@ def case(profile, mode, service_type, **extra):
     return host
 
 
+# What prefill and decode engine groups would publish (model_server deploys one group only; issue 12).
+PD_ENGINES = {"namespace": "inference-cache", "engine_type": "vllm", "served_model_name": "Qwen/Qwen3-0.6B", "http_port": 8000,
+              "service": "model-server", "selector": {"app.kubernetes.io/name": "model-server"}, "topic": "kv@$(POD_IP):8000@Qwen/Qwen3-0.6B",
+              "block_size": 32, "hash_seed": "42", "kv_events_enabled": True, "kv_events_binds": True, "kv_events_port": 5557,
+              "kv_events_allowed_peers": [{"labels": {"llm-d-router-gateway": "inference-cache-router-epp"}}], "network_policy": True,
+              "pd_roles": True}
+
+
 def inventory_case(inventory, **extra):
     """The group variables of inventories/<inventory> (what `make kubernetes` uses), with test digests."""
     with open(os.path.join(ROOT, "inventories", inventory, "group_vars", "k8s_controller", "main.yml")) as handle:
@@ -100,6 +108,11 @@ CASES = {
     "gpu-lmcache-approximate-clusterip": case("vllm_lmcache", "approximate", "ClusterIP"),
     "sglang-precise-clusterip": case("sglang_lmcache", "precise", "ClusterIP", model_server_tensor_parallel_size=2),
     "sglang-approximate-loadbalancer": case("sglang_lmcache", "approximate", "LoadBalancer", kind_cluster_mode="nvkind"),
+    "cpu-precise-speculative": case("vllm_cpu", "precise", "ClusterIP", router_speculative_indexing=True, router_speculative_ttl="5s"),
+    "gpu-pd-disaggregation": case("vllm_lmcache", "approximate", "ClusterIP", router_disaggregation=True, router_pd_non_cached_tokens=32,
+                                  router_engine=PD_ENGINES),
+    "cpu-epp-mirror": case("vllm_cpu", "approximate", "ClusterIP", router_epp_image="", router_epp_image_registry="mirror.example.com/llm-d",
+                           router_epp_image_digest=fake_digest("epp-mirror")),
 }
 
 # Cases that must fail, with the sentence each must print. Each stops in a preflight, before anything is rendered
@@ -132,6 +145,8 @@ NEGATIVE = {
                                      "no request reaches the EPP"),
     "neg-engine-tokens-without-scale-out": (case("vllm_cpu", "precise", "ClusterIP", router_tokenizer_sidecar=False),
                                             "answers with 403 unless it was"),
+    "neg-pd-without-role-groups": (case("vllm_cpu", "approximate", "ClusterIP", router_disaggregation=True),
+                                   "router_disaggregation needs router_scoring_mode=approximate and engines running as prefill"),
 }
 
 

@@ -133,7 +133,10 @@ def test_router_values_use_the_pinned_chart_and_new_keys(rendered, name):
     assert epp["flags"]["secure-serving"] is True, "secure serving is stated explicitly"
     assert epp["resources"]["requests"]["cpu"] and epp["resources"]["requests"]["memory"]
     image = "%s/%s:%s" % (epp["image"]["registry"], epp["image"]["repository"], epp["image"]["tag"])
-    assert image == R.CASES[name]["router_epp_image"]
+    expected = R.CASES[name]["router_epp_image"] or "%s/%s:%s@%s" % (
+        R.CASES[name].get("router_epp_image_registry") or R.pinned("epp")["registry"], R.pinned("epp")["repository"],
+        R.pinned("epp")["tag"], R.CASES[name].get("router_epp_image_digest"))
+    assert image == expected
     assert values["router"]["modelServers"]["matchLabels"], "the InferencePool needs a selector"
     assert values["router"]["modelServers"]["type"] == case["engine"]["engine_type"]
 
@@ -186,8 +189,26 @@ def test_scoring_modes(rendered, name):
     weights = dict((p["pluginRef"], p.get("weight")) for p in config["schedulingProfiles"][0]["plugins"])
     if R.CASES[name]["router_scoring_mode"] == "approximate":
         assert "precise-prefix-cache-producer" not in types
-        assert weights["kv-cache-utilization-scorer"] == weights["load-aware-scorer"] / 2
+        profiles = config["schedulingProfiles"]
+        for profile in profiles:  # issue 12: KAITO's default weights in every profile, queue depth first
+            weights = dict((p["pluginRef"], p.get("weight")) for p in profile["plugins"])
+            assert weights["load-aware-scorer"] == 10.0 and weights["kv-cache-utilization-scorer"] == 5.0, weights
+            assert "prefix-cache-scorer" in weights and "prefixMatchInfoProducerName" not in json.dumps(types["prefix-cache-scorer"])
+            assert [p["pluginRef"] for p in profile["plugins"]][-1] == "max-score-picker"
+        if R.CASES[name].get("router_disaggregation"):
+            assert [p["name"] for p in profiles] == ["prefill", "decode"]
+            assert [p["plugins"][0]["pluginRef"] for p in profiles] == ["prefill-filter", "decode-filter"]
+            handler = types["disagg-profile-handler"]["parameters"]
+            assert handler["deciders"]["prefill"] == "prefix-based-pd-decider"
+            assert handler["profiles"] == {"prefill": "prefill", "decode": "decode"}
+            assert types["prefix-based-pd-decider"]["parameters"]["nonCachedTokens"] == R.CASES[name]["router_pd_non_cached_tokens"]
+            assert "single-profile-handler" not in types
+        else:
+            assert [p["name"] for p in profiles] == ["default"] and "single-profile-handler" in types
     else:
+        params = types["precise-prefix-cache-producer"]["parameters"]
+        assert params["speculativeIndexing"] is bool(R.CASES[name].get("router_speculative_indexing"))
+        assert params["speculativeTTL"] == R.CASES[name].get("router_speculative_ttl", "2s")
         assert set(["token-producer", "precise-prefix-cache-producer", "prefix-cache-scorer", "decode-filter", "max-score-picker",
                     "single-profile-handler", "endpoint-notification-source"]) <= set(types)
         assert types["prefix-cache-scorer"]["parameters"]["prefixMatchInfoProducerName"] == "precise-prefix-cache-producer"
@@ -403,7 +424,8 @@ def test_refusals_print_their_message(refused, name):
     assert expected in lines[0], lines[0][:2000]
 
 
-ROUTER_REFUSALS = {"neg-epp-bare-tag", "neg-proxy-bare-tag", "neg-gateway-without-provider", "neg-engine-tokens-without-scale-out"}
+ROUTER_REFUSALS = {"neg-epp-bare-tag", "neg-proxy-bare-tag", "neg-gateway-without-provider", "neg-engine-tokens-without-scale-out",
+                   "neg-pd-without-role-groups"}
 
 
 @pytest.mark.parametrize("name", sorted(R.NEGATIVE))
