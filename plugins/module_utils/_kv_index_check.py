@@ -600,7 +600,7 @@ class KVIndexCheck:
         if not engine.batches:
             return "; no KV event arrived from it"
         if engine.gaps_unrepaired:
-            return "; %d gaps in its event stream could not be repaired" % engine.gaps_unrepaired
+            return "; a gap in its event stream could not be repaired (%d in all)" % engine.gaps_unrepaired
         if engine.malformed:
             return "; %d of its messages were malformed (%s)" % (engine.malformed, engine.malformed_reason)
         return ""

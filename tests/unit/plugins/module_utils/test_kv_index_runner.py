@@ -208,3 +208,48 @@ def test_cache_config(text, expected):
 @pytest.mark.parametrize("topic, pod", [("kv@10.0.0.1:8000@tiny", "10.0.0.1:8000"), ("kv-events", "kv-events"), ("", "")])
 def test_topic_pod(topic, pod):
     assert chk.topic_pod(topic) == pod
+
+
+def _frames(seq, events, topic=b"kv@a:1@tiny"):
+    import time  # pylint: disable=import-outside-toplevel
+    import msgspec  # pylint: disable=import-outside-toplevel
+    return [topic, seq.to_bytes(8, "big"), msgspec.msgpack.encode([time.time(), events, 0])]
+
+
+def _stored(hashes, parent, tokens):
+    return {"type": "BlockStored", "block_hashes": hashes, "parent_block_hash": parent, "token_ids": tokens, "block_size": 4,
+            "lora_id": None, "medium": "GPU", "lora_name": None}
+
+
+def _stream():
+    from ansible_collections.inference_cache.substrate.plugins.module_utils._kv_index import KVBlockIndex  # pylint: disable=import-outside-toplevel
+    check = chk.KVIndexCheck({"engines": []})
+    check.index = KVBlockIndex(4, "tiny")
+    check.uncounted = KVBlockIndex(4, "tiny", count_copies=False)
+    engine = chk.Engine({"name": "a", "topic": "kv@a:1@tiny", "url": "http://127.0.0.1:1", "endpoint": "tcp://127.0.0.1:1"}, None)
+    return check, engine
+
+
+def test_restart_and_all_blocks_cleared_clear_the_engine():
+    check, engine = _stream()
+    check.receive(None, engine, _frames(0, [_stored([1, 2], None, list(range(8)))]))
+    check.receive(None, engine, _frames(1, [_stored([3], 2, list(range(8, 12)))]))
+    assert check.index.size("a") == 3 and engine.restarts == 0
+    check.receive(None, engine, _frames(1, [_stored([9], None, list(range(4)))]))     # a duplicate: ignored
+    assert check.index.size("a") == 3
+    check.receive(None, engine, _frames(0, [_stored([5], None, list(range(20, 24)))]))   # seq went back: a restart
+    assert engine.restarts == 1 and check.index.size("a") == 1 and check.uncounted.size("a") == 1
+    check.receive(None, engine, _frames(1, [{"type": "AllBlocksCleared"}]))
+    assert check.index.size("a") == 0 and check.index.engines["a"].clears == 2
+
+
+def test_gap_without_replay_and_other_topics_are_counted():
+    check, engine = _stream()
+    check.receive(None, engine, _frames(0, [_stored([1], None, list(range(4)))]))
+    check.receive(None, engine, _frames(3, [_stored([2], 1, list(range(4, 8)))]))
+    assert engine.gaps_unrepaired == 1 and check.index.size("a") == 2
+    check.receive(None, engine, _frames(4, [_stored([7], None, list(range(4)))], topic=b"kv@b:2@tiny"))
+    assert engine.other_topics == {"kv@b:2@tiny": 1} and check.index.size("a") == 2
+    check.receive(None, engine, [b"kv@a:1@tiny", b"\x00", b"x"])
+    assert engine.malformed == 1
+    assert check.explain(engine) == "; a gap in its event stream could not be repaired (1 in all)"
