@@ -11,7 +11,7 @@ __metaclass__ = type  # pylint: disable=invalid-name
 DOCUMENTATION = r"""
 module: kv_index_check
 short_description: Prove that a KV-block index built from live KV events predicts what every engine has cached
-version_added: 0.2.0
+version_added: 0.1.0
 description:
   - Subscribes to the KV-event streams of several vLLM engines at once and keeps, per engine, the KV-block index a
     precise prefix-cache router keeps (the semantics of the llm-d KV-block index that llm-d-router v0.9.0 uses

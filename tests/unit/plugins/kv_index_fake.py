@@ -42,9 +42,10 @@ def engine_hash(parent, tokens):
 class FakeEngine:
     """One fake engine; ``with FakeEngine(...) as engine:`` serves until the block ends."""
 
-    def __init__(self, port, endpoint, topic, block_size=4, num_blocks=24, model="tiny", report_cached=True, bind=True):
+    def __init__(self, port, endpoint, topic, block_size=4, num_blocks=24, model="tiny", report_cached=True, bind=True, host="127.0.0.1"):
         self.port = port
-        self.url = "http://127.0.0.1:%d" % port
+        self.host = host
+        self.url = "http://%s:%d" % (host, port)
         self.endpoint = endpoint
         self.topic = topic.encode()
         self.block_size = block_size
@@ -155,7 +156,7 @@ class FakeEngine:
             self.pub.bind(self.endpoint)
         else:
             self.pub.connect(self.endpoint)
-        self.server = HTTPServer(("127.0.0.1", self.port), self.handler())
+        self.server = HTTPServer((self.host, self.port), self.handler())
         self.thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05})
         self.thread.daemon = True
         self.thread.start()
