@@ -25,7 +25,9 @@ and once, through the router (checks in ROUTER_CHECKS):
 Prints one JSON document (per-pod results, then the router's) on stdout; exit status 0 when every check passed
 and at least --expect-pods pods were found, 1 otherwise, 2 on a usage or environment error. A new per-pod check
 is one function ``check_<name>(ip, args)`` plus one entry in CHECKS; a check that runs once is one function
-``check_<name>(ips, args)`` plus one entry in ROUTER_CHECKS.
+``check_<name>(ips, args)`` plus one entry in ROUTER_CHECKS (through the router) or POOL_CHECKS (over every pod at once:
+kv_index, plugins/module_utils/_kv_index_check.py: a KV-block index built from all pods' events must predict the
+cached tokens each pod reports for a generated workload).
 """
 
 from __future__ import absolute_import, division, print_function
@@ -55,7 +57,8 @@ def parse_args(argv):
     parser.add_argument("--engine", default="auto", choices=["auto", "vllm", "sglang"])
     parser.add_argument("--block-size", type=int, default=None)
     parser.add_argument("--checks", default="kv_events,prefix_cache",
-                        help="comma-separated: kv_events, prefix_cache (per pod), routed_prefix (through the router)")
+                        help="comma-separated: kv_events, prefix_cache (per pod), routed_prefix (through the router), "
+                             "kv_index (over every pod at once)")
     parser.add_argument("--pods", default="", help="comma-separated pod IPs to check instead of resolving --service")
     parser.add_argument("--router-url", default="", help="the router's OpenAI URL (routed_prefix), e.g. http://<release>-epp.<ns>:8081")
     parser.add_argument("--epp-metrics-url", default="", help="the EPP's metrics page (routed_prefix), e.g. http://<release>-epp.<ns>:9090/metrics")
@@ -209,22 +212,43 @@ def check_routed_prefix(ips, args):
     return result
 
 
+def check_kv_index(ips, args):
+    """Precise routing proof over every pod at once: a KV-block index from the pods' events predicts each pod's cached tokens."""
+    check = module_utils("_kv_index_check")
+    engines = []
+    for ip in ips:
+        topic = args.topic_template.replace("$(POD_IP)", ip)
+        engines.append({"name": ip, "url": "http://%s:%d" % (_host(ip), args.http_port), "endpoint": "tcp://%s:%d" % (_host(ip), args.kv_port),
+                        "socket_mode": "connect", "topic": topic + (args.model or "") if topic.endswith("@") else topic})
+    params = {"engines": engines, "model": args.model, "workload": {"families": 2 * max(len(ips), 1), "rounds": 4, "seed": int(time.time())},
+              "expect": {"min_requests": 1, "min_evictions_per_engine": 0}, "max_tokens": 1, "settle": 0.3, "event_wait": 5.0,
+              "timeout": 4 * args.timeout, "request_timeout": args.timeout}
+    try:
+        facts = check.KVIndexCheck(params).run()
+    except check.CheckFailed as exc:
+        return {"ok": False, "msg": exc.msg, "requests": exc.facts.get("requests"), "exact": exc.facts.get("exact")}
+    return {"ok": True, "msg": "The KV-block index predicted every pod's cached tokens exactly (%d/%d)." % (facts["exact"], facts["requests"]),
+            "requests": facts["requests"], "exact": facts["exact"], "summary": facts["summary"]}
+
+
 CHECKS = {"kv_events": check_kv_events, "prefix_cache": check_prefix_cache}
 ROUTER_CHECKS = {"routed_prefix": check_routed_prefix}
+POOL_CHECKS = {"kv_index": check_kv_index}
 
 
 def main(argv=None):
     args = parse_args(argv)
     names = [n.strip() for n in args.checks.split(",") if n.strip()]
-    unknown = [n for n in names if n not in CHECKS and n not in ROUTER_CHECKS]
+    unknown = [n for n in names if n not in CHECKS and n not in ROUTER_CHECKS and n not in POOL_CHECKS]
     if unknown or not names:
-        sys.stderr.write("error: --checks takes %s, got %s.\n" % (", ".join(sorted(list(CHECKS) + list(ROUTER_CHECKS))), args.checks))
+        sys.stderr.write("error: --checks takes %s, got %s.\n" % (", ".join(sorted(list(CHECKS) + list(ROUTER_CHECKS) + list(POOL_CHECKS))),
+                                                                  args.checks))
         return 2
     if args.pods:
         ips = [ip.strip() for ip in args.pods.split(",") if ip.strip()]
     else:
         ips = resolve_pods(args.service, args.http_port, args.expect_pods, args.resolve_timeout)
-    report = {"service": args.service, "pods": [], "router": {}, "ok": True, "msg": ""}
+    report = {"service": args.service, "pods": [], "router": {}, "pool": {}, "ok": True, "msg": ""}
     if len(ips) < args.expect_pods:
         report["ok"] = False
         report["msg"] = "%s resolved to %d pod(s), fewer than the %d expected." % (args.service, len(ips), args.expect_pods)
@@ -237,6 +261,9 @@ def main(argv=None):
         report["pods"].append(pod)
     for name in (n for n in names if n in ROUTER_CHECKS):
         report["router"][name] = ROUTER_CHECKS[name](ips, args)
+    for name in (n for n in names if n in POOL_CHECKS):
+        report["pool"][name] = POOL_CHECKS[name](ips, args)
+    pool_failed = [n for n, c in report["pool"].items() if not c["ok"]]
     failed = [p for p in report["pods"] if not p["ok"]]
     router_failed = [n for n, c in report["router"].items() if not c["ok"]]
     if failed:
@@ -244,6 +271,9 @@ def main(argv=None):
         first = failed[0]
         bad = [n for n, c in first["checks"].items() if not c["ok"]][0]
         report["msg"] = ("%d of %d pod(s) failed; first: pod %s, %s: %s" % (len(failed), len(ips), first["ip"], bad, first["checks"][bad]["msg"]))
+    elif pool_failed:
+        report["ok"] = False
+        report["msg"] = "Across the pods, %s: %s" % (pool_failed[0], report["pool"][pool_failed[0]]["msg"])
     elif router_failed:
         report["ok"] = False
         report["msg"] = "Through the router, %s: %s" % (router_failed[0], report["router"][router_failed[0]]["msg"])

@@ -88,7 +88,7 @@ def test_missing_pods_fail(cli, monkeypatch, capsys):
 def test_unknown_check_is_a_usage_error(cli, monkeypatch, capsys):
     monkeypatch.setattr(cli, "resolve_pods", lambda *a: [])
     assert cli.main(["--service", "x", "--checks", "bogus"]) == 2
-    assert "--checks takes kv_events, prefix_cache, routed_prefix" in capsys.readouterr().err
+    assert "--checks takes kv_events, kv_index, prefix_cache, routed_prefix" in capsys.readouterr().err
 
 
 # -- routed_prefix: requests through the router, hits on the pod that served them, the EPP's index counters --------

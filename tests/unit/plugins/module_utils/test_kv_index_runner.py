@@ -10,6 +10,9 @@ from __future__ import absolute_import, division, print_function
 __metaclass__ = type  # pylint: disable=invalid-name
 
 import contextlib
+import importlib.util
+import json
+import os
 
 import pytest
 
@@ -253,3 +256,35 @@ def test_gap_without_replay_and_other_topics_are_counted():
     check.receive(None, engine, [b"kv@a:1@tiny", b"\x00", b"x"])
     assert engine.malformed == 1
     assert check.explain(engine) == "; a gap in its event stream could not be repaired (1 in all)"
+
+
+CLUSTER_VERIFY = os.path.join(os.path.dirname(__file__), "..", "..", "..", "..", "tools", "cluster_verify.py")
+
+
+@contextlib.contextmanager
+def pods(http_port, kv_port):
+    """Two fake engine pods on 127.0.0.2 and 127.0.0.3, same ports (as pods behind a headless Service)."""
+    with contextlib.ExitStack() as stack:
+        yield [stack.enter_context(FakeEngine(http_port, "tcp://127.0.0.%d:%d" % (n, kv_port), "kv@127.0.0.%d:%d@tiny" % (n, http_port),
+                                              host="127.0.0.%d" % n)) for n in (2, 3)]
+
+
+@pytest.mark.parametrize("template, ok", [("kv@$(POD_IP):%d@", True), ("kv@$(POD_IP):1@", False)])
+def test_cluster_verify_runs_the_check_over_all_pods(capsys, template, ok):
+    spec = importlib.util.spec_from_file_location("cluster_verify_for_kv_index", CLUSTER_VERIFY)
+    cli = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(cli)
+    http_port, kv_port = free_port(), free_port()
+    with pods(http_port, kv_port):
+        code = cli.main(["--service", "engines.ns.svc", "--pods", "127.0.0.2,127.0.0.3", "--checks", "kv_index", "--http-port",
+                         str(http_port), "--kv-port", str(kv_port), "--topic-template", template.replace("%d", str(http_port)),
+                         "--timeout", "20"])
+    report = json.loads(capsys.readouterr().out)
+    result = report["pool"]["kv_index"]
+    assert (code == 0) is ok and result["ok"] is ok and report["ok"] is ok
+    if ok:
+        assert result["exact"] == result["requests"] > 0
+    else:
+        assert_one_sentence(result["msg"])
+        assert "no KV events arrived under its topic prefix 'kv@127.0.0." in result["msg"]
+        assert report["msg"].startswith("Across the pods, kv_index: The index predicted ")
