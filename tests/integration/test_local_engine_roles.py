@@ -281,7 +281,8 @@ def test_module_starts_once_and_stops(tmp_path, unrelated):
         assert rc == 0 and stopped["changed"] and not _alive(first["pid"]) and _alive(unrelated)
         rc, again = _module(state="stopped", **files)
         assert rc == 0 and not again["changed"]
-        rc, bad = _module(**dict(start, start_timeout=0))
+        start["start_timeout"] = 0
+        rc, bad = _module(**start)
         assert rc != 0 and bad["msg"] == "start_timeout must be a positive number of seconds, got 0."
     finally:
         pid = ep.status(ep.EngineFiles(files["pidfile"], files["runfile"]))["pid"]
