@@ -24,6 +24,8 @@ import urllib.request
 
 import pytest
 
+from ansible_collections.inference_cache.substrate.tests.unit.plugins.net_utils import free_port
+
 try:
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 except ImportError:  # pragma: no cover
@@ -32,14 +34,6 @@ except ImportError:  # pragma: no cover
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TOOL = os.path.join(ROOT, "tools", "cluster_verify.py")
 PODS = ("127.0.0.1", "127.0.0.2")
-
-
-def free_port():
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    sock.close()
-    return port
 
 
 class State:
