@@ -25,9 +25,9 @@ verify: setup  ## The checks alone against the local default (pass -e to point a
 teardown: setup  ## Stop the local engine
 	$(BIN)/ansible-playbook -i inventories/local playbooks/teardown.yml
 
-render: setup  ## Render the Kubernetes manifests and Helm values of inventories/kind into out/render (no cluster)
+render: setup  ## Render the Kubernetes manifests and Helm values of inventories/kind, KAITO's approximate default, into out/render (no cluster)
 	$(BIN)/ansible-playbook -i inventories/kind playbooks/render.yml -e substrate_render_hosts=k8s_controller \
-	  -e substrate_render_dir=$(CURDIR)/out/render -e model_server_allow_unpinned_images=true \
+	  -e substrate_render_dir=$(CURDIR)/out/render -e router_scoring_mode=approximate -e model_server_allow_unpinned_images=true \
 	  -e router_allow_unpinned_images=true -e cluster_verify_allow_unpinned_images=true
 
 kubernetes: setup  ## The whole stack on a local kind cluster (needs a Docker engine, kind and helm)

@@ -48,6 +48,7 @@ DIGESTS = {
     "router_proxy_image": image("envoy"),
     "nvidia_device_plugin_image": image("nvidia_device_plugin"),
     "nvidia_device_plugin_smoke_image": image("cuda_sample"),
+    "model_server_pd_sidecar_image": image("pd_sidecar"),
 }
 PROFILE_IMAGE = {"vllm_cpu": image("vllm_cpu"), "vllm_lmcache": image("vllm_lmcache"), "sglang_lmcache": image("sglang")}
 USER_KV_CONFIG = '{"enable_kv_cache_events":true,"publisher":"zmq","endpoint":"tcp://*:5557","topic":"kv@user-topic"}'
@@ -64,6 +65,7 @@ def case(profile, mode, service_type, **extra):
         "router_proxy_image": DIGESTS["router_proxy_image"],
         "nvidia_device_plugin_image": DIGESTS["nvidia_device_plugin_image"],
         "nvidia_device_plugin_smoke_image": DIGESTS["nvidia_device_plugin_smoke_image"],
+        "model_server_pd_sidecar_image": DIGESTS["model_server_pd_sidecar_image"],
     }
     host.update(extra)
     return host
@@ -111,6 +113,11 @@ CASES = {
     "cpu-precise-speculative": case("vllm_cpu", "precise", "ClusterIP", router_speculative_indexing=True, router_speculative_ttl="5s"),
     "gpu-pd-disaggregation": case("vllm_lmcache", "approximate", "ClusterIP", router_disaggregation=True, router_pd_non_cached_tokens=32,
                                   router_engine=PD_ENGINES),
+    # issue 12: model_server deploys the prefill and decode groups and publishes pd_roles to the router.
+    "cpu-pd-engines": case("vllm_cpu", "approximate", "ClusterIP", router_disaggregation=True, model_server_disaggregation=True,
+                           model_server_prefill_replicas=1, model_server_decode_replicas=2),
+    "gpu-pd-engines-lmcache": case("vllm_lmcache", "approximate", "ClusterIP", router_disaggregation=True,
+                                   model_server_disaggregation=True),
     "cpu-epp-mirror": case("vllm_cpu", "approximate", "ClusterIP", router_epp_image="", router_epp_image_registry="mirror.example.com/llm-d",
                            router_epp_image_digest=fake_digest("epp-mirror")),
 }
@@ -145,6 +152,8 @@ NEGATIVE = {
                                      "no request reaches the EPP"),
     "neg-engine-tokens-without-scale-out": (case("vllm_cpu", "precise", "ClusterIP", router_tokenizer_sidecar=False),
                                             "answers with 403 unless it was"),
+    "neg-pd-engines-sglang": (case("sglang_lmcache", "approximate", "ClusterIP", model_server_disaggregation=True),
+                              "model_server_disaggregation needs a vLLM profile"),
     "neg-pd-without-role-groups": (case("vllm_cpu", "approximate", "ClusterIP", router_disaggregation=True),
                                    "router_disaggregation needs router_scoring_mode=approximate and engines running as prefill"),
 }

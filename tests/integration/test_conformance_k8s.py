@@ -183,10 +183,33 @@ def test_sglang_lmcache_pair_starts(rendered, name):
     assert "--enable-lmcache" in case["engine"]["args"]
 
 
+@pytest.mark.parametrize("name", sorted(n for n in R.CASES if R.CASES[n].get("model_server_disaggregation")))
+def test_prefill_decode_engines_match_v0_9_0_and_vllm(rendered, name):
+    """issue 12: role labels the v0.9.0 filters select on, vLLM's NIXL connector, the routing sidecar's flags."""
+    groups = dict((d["metadata"]["name"].rsplit("-", 1)[1], d["spec"]["template"])
+                  for d in rendered[name]["manifests"]["model_server"] if d["kind"] == "Deployment")
+    assert sorted(groups) == ["decode", "prefill"]
+    for role, pod in groups.items():
+        assert pod["metadata"]["labels"][FACTS["pd_role_label"]["value"]] == FACTS["pd_role_values"]["value"][role]
+        transfer = json.loads(pod["spec"]["containers"][0]["args"][pod["spec"]["containers"][0]["args"].index("--kv-transfer-config") + 1])
+        nixl = [c for c in transfer.get("kv_connector_extra_config", {}).get("connectors", [transfer])
+                if c["kv_connector"] == FACTS["vllm_nixl_connector"]["value"]]
+        assert nixl and nixl[0]["kv_role"] in FACTS["vllm_kv_roles"]["value"] and transfer["kv_role"] in FACTS["vllm_kv_roles"]["value"]
+    sidecar = groups["decode"]["spec"]["initContainers"][0]
+    assert (sidecar.get("restartPolicy") == "Always") is FACTS["pd_sidecar_native"]["value"]
+    assert sidecar["image"].startswith(FACTS["pd_sidecar_image"]["value"] + ":")
+    flags = dict(a[2:].split("=", 1) for a in sidecar["args"])
+    assert set(flags) <= set(FACTS["pd_sidecar_flags"]["value"]), flags
+    assert flags["kv-connector"] == FACTS["pd_sidecar_nixl_connector"]["value"]
+    assert "initContainers" not in groups["prefill"]["spec"]
+
+
 def test_pins_agree_with_the_facts():
     pins = yaml.safe_load(open(R.PINS))
     assert pins["charts"]["llm_d_router_standalone"]["version"] == pins["charts"]["llm_d_router_gateway"]["version"] == "v0.9.0"
     assert pins["images"]["epp"]["tag"] == "v0.9.0"
+    assert pins["images"]["pd_sidecar"]["tag"] == "v0.9.0"
+    assert "%s/%s" % (pins["images"]["pd_sidecar"]["registry"], pins["images"]["pd_sidecar"]["repository"]) == FACTS["pd_sidecar_image"]["value"]
     assert pins["software"]["llm_d_kv_cache"] == "v0.9.0", "llm-d-router@v0.9.0:go.mod requires llm-d-kv-cache v0.9.0"
     assert pins["images"]["envoy"]["tag"] == "distroless-v1.33.2", "llm-d-router@v0.9.0 standalone values: envoy preset image"
     assert pins["charts"]["nvidia_device_plugin"]["version"] == "0.17.1"

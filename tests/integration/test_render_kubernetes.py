@@ -201,7 +201,7 @@ def test_scoring_modes(rendered, name):
             handler = types["disagg-profile-handler"]["parameters"]
             assert handler["deciders"]["prefill"] == "prefix-based-pd-decider"
             assert handler["profiles"] == {"prefill": "prefill", "decode": "decode"}
-            assert types["prefix-based-pd-decider"]["parameters"]["nonCachedTokens"] == R.CASES[name]["router_pd_non_cached_tokens"]
+            assert types["prefix-based-pd-decider"]["parameters"]["nonCachedTokens"] == R.CASES[name].get("router_pd_non_cached_tokens", 16)
             assert "single-profile-handler" not in types
         else:
             assert [p["name"] for p in profiles] == ["default"] and "single-profile-handler" in types
@@ -336,6 +336,11 @@ def test_network_policy_admits_kv_events_only_from_router_and_verifier(rendered,
     verifier = [d for d in case["docs"] if d["kind"] == "Job"][0]["spec"]["template"]["metadata"]["labels"]
     kv_rules = 0
     for rule in policy["spec"]["ingress"]:
+        if "ports" not in rule:  # every port: only prefill/decode engines reaching each other (NIXL, UCX)
+            assert R.CASES[name].get("model_server_disaggregation"), "%s: a rule opens every port" % name
+            assert rule["from"] == [{"podSelector": {"matchLabels": {"app.kubernetes.io/name": "model-server",
+                                                                     "app.kubernetes.io/component": "model-server"}}}], rule
+            continue
         ports = [p["port"] for p in rule["ports"]]
         if 5557 not in ports:
             continue
@@ -376,6 +381,72 @@ def test_engine_pod_contract(rendered, name):
         assert container["resources"]["limits"]["nvidia.com/gpu"] == str(R.CASES[name].get("model_server_tensor_parallel_size", 1))
     if case["engine"]["profile"] == "vllm_lmcache":
         assert "LMCacheConnectorV1" in arg_after(container["args"], "--kv-transfer-config")
+
+
+def conformance_facts():
+    with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "k8s_conformance.yml")) as handle:
+        return yaml.safe_load(handle)
+
+
+PD_CASES = sorted(n for n in R.CASES if R.CASES[n].get("model_server_disaggregation"))
+
+
+@pytest.mark.parametrize("name", PD_CASES)
+def test_prefill_decode_engine_groups(rendered, name):
+    """issue 12: the engine side of P/D as llm-d-router v0.9.0 and vLLM 0.32.0 expect it (tests/integration/k8s_conformance.yml)."""
+    case = rendered["cases"][name]
+    facts = conformance_facts()
+    deployments = dict((d["metadata"]["name"], d) for d in case["manifests"]["model_server"] if d["kind"] == "Deployment")
+    assert sorted(deployments) == ["model-server-decode", "model-server-prefill"], sorted(deployments)
+    label = facts["pd_role_label"]["value"]
+    replicas = {"prefill": R.CASES[name].get("model_server_prefill_replicas", 1), "decode": R.CASES[name].get("model_server_decode_replicas", 1)}
+    for role in ("prefill", "decode"):
+        dep = deployments["model-server-" + role]
+        pod = dep["spec"]["template"]
+        # the v0.9.0 filters select on this label and value; the Deployment selectors keep the groups apart
+        assert pod["metadata"]["labels"][label] == facts["pd_role_values"]["value"][role], pod["metadata"]["labels"]
+        assert dep["spec"]["selector"]["matchLabels"][label] == role
+        assert pod["metadata"]["labels"]["llm-d.ai/inference-serving"] == "true"
+        assert dep["spec"]["replicas"] == replicas[role]
+        engine = pod["spec"]["containers"][0]
+        transfer = json.loads(arg_after(engine["args"], "--kv-transfer-config"))
+        connectors = transfer["kv_connector_extra_config"]["connectors"] if transfer["kv_connector"] == "MultiConnector" else [transfer]
+        nixl = [c for c in connectors if c["kv_connector"] == facts["vllm_nixl_connector"]["value"]]
+        assert nixl and nixl[0]["kv_role"] in facts["vllm_kv_roles"]["value"], transfer
+        assert ("LMCacheConnectorV1" in json.dumps(transfer)) == (case["engine"]["profile"] == "vllm_lmcache")
+        if case["engine"]["profile"] == "vllm_cpu":
+            assert nixl[0]["kv_buffer_device"] == "cpu"
+        env = dict((e["name"], e) for e in engine["env"])
+        assert env["VLLM_NIXL_SIDE_CHANNEL_HOST"]["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"
+        assert env["VLLM_NIXL_SIDE_CHANNEL_PORT"]["value"] == "5600"
+        sidecars = pod["spec"].get("initContainers", [])
+        if role == "prefill":
+            assert not sidecars and arg_after(engine["args"], "--port") == "8000"
+            continue
+        # decode: the routing sidecar owns the pod's HTTP port, vLLM listens behind it
+        assert len(sidecars) == 1, sidecars
+        sidecar = sidecars[0]
+        assert sidecar["restartPolicy"] == "Always", "a native sidecar starts before vLLM and lives as long as the pod"
+        assert DIGEST_RE.match(sidecar["image"]) and facts["pd_sidecar_image"]["value"] in sidecar["image"]
+        flags = dict(a.lstrip("-").split("=", 1) for a in sidecar["args"])
+        assert set(flags) <= set(facts["pd_sidecar_flags"]["value"]), flags
+        assert flags["port"] == "8000" and flags["vllm-port"] == "8200", flags
+        assert flags["kv-connector"] == facts["pd_sidecar_nixl_connector"]["value"]
+        assert flags["secure-proxy"] == "false"
+        assert [p["containerPort"] for p in sidecar["ports"] if p["name"] == "http"] == [8000]
+        assert arg_after(engine["args"], "--port") == "8200"
+        assert "http" not in [p["name"] for p in engine["ports"]]
+        assert engine["readinessProbe"]["httpGet"]["port"] == "engine"
+    # the router gets the roles from the contract (no router_engine), and its decode profile filters on them
+    assert "router_engine" not in R.CASES[name]
+    assert [p["name"] for p in case["epp_config"]["schedulingProfiles"]] == ["prefill", "decode"]
+
+
+def test_make_render_shows_the_kaito_approximate_default():
+    """issue 12: `make render` renders inventories/kind in approximate mode (the inventory itself stays precise)."""
+    with open(os.path.join(R.ROOT, "Makefile")) as handle:
+        target = handle.read().split("\nrender:", 1)[1].split("\n\n", 1)[0]
+    assert "-e router_scoring_mode=approximate" in target and "inventories/kind" in target, target
 
 
 def test_user_kv_events_config_wins(rendered):
