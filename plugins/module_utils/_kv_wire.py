@@ -87,7 +87,18 @@ except ImportError:  # the importer (_kv_events) reports it; the module fails wi
 def _batch_shapes(event_union):
     """The two outer batch encodings, over the given event union."""
 
-    class ArrayBatch(msgspec.Struct, array_like=True, gc=False):
+    class _Batch(msgspec.Struct, gc=False):
+        """What both encodings share: the bookkeeping class attributes and the event format."""
+
+        unknown: ClassVar[dict] = {}
+        errors: ClassVar[tuple] = ()
+        fast: ClassVar[bool] = True
+
+        @property
+        def event_format(self):
+            return "map" if self.events else None
+
+    class ArrayBatch(_Batch, array_like=True, gc=False):
         """Outer batch as vLLM sends it: ``[ts, events, data_parallel_rank]``; the fields after it are ours.
 
         A future fourth wire element would land in ``topic``: a non-string fails validation (the tolerant
@@ -102,23 +113,16 @@ def _batch_shapes(event_union):
         forced_engine: Optional[str] = None
 
         batch_format: ClassVar[str] = "array"
-        unknown: ClassVar[dict] = {}
-        errors: ClassVar[tuple] = ()
-        fast: ClassVar[bool] = True
 
         @property
         def rank(self):
             return self.data_parallel_rank
 
         @property
-        def event_format(self):
-            return "map" if self.events else None
-
-        @property
         def engine_hint(self):
             return self.forced_engine or "vllm"
 
-    class MapBatch(msgspec.Struct, gc=False):
+    class MapBatch(_Batch, gc=False):
         """Outer batch encoded as a map (one vLLM revision; SGLang's ``attn_dp_rank``)."""
 
         ts: float
@@ -130,17 +134,10 @@ def _batch_shapes(event_union):
         forced_engine: Optional[str] = None
 
         batch_format: ClassVar[str] = "map"
-        unknown: ClassVar[dict] = {}
-        errors: ClassVar[tuple] = ()
-        fast: ClassVar[bool] = True
 
         @property
         def rank(self):
             return self.attn_dp_rank if self.data_parallel_rank is None else self.data_parallel_rank
-
-        @property
-        def event_format(self):
-            return "map" if self.events else None
 
         @property
         def engine_hint(self):
