@@ -150,8 +150,9 @@ def test_every_gap_and_the_tail_repaired_through_the_engine_replay(engine, monke
     assert not errors, errors[:3]
     gaps, stream = facts["gaps"], facts["seq"]["%s#0" % TOPIC]
     details = gaps["details"]
-    # Batches were really lost, mid-stream and at the tail (otherwise this test proves nothing) ...
-    assert any(not g.get("tail") for g in details), "no mid-stream gap: %s" % gaps
+    # Batches were really lost, mid-stream (before the stream's last batch, however the check found the gap: a later
+    # sequence number or a quiet stream) and at the tail (otherwise this test proves nothing) ...
+    assert any(g["end"] < stream["last"] for g in details), "no mid-stream gap: %s" % gaps
     assert gaps["tail"]["found"] >= 1 and gaps["tail"]["batches"] >= 1, "no batch of the tail was lost: %s" % gaps
     # ... and every one came back through the engine's replay endpoint.
     assert gaps["unrepaired"] == 0, details[:3]
