@@ -115,7 +115,8 @@ def test_prefix_cache_check_module_passes_and_fails():
     result = json.loads(run.stdout.split("=>", 1)[1])
     # The prefix is at least 128 tokens; how far past that depends on how its random nonce tokenizes: every full block hits.
     assert result["changed"] is False and result["prefix_tokens"] >= 128
-    assert result["hit_tokens"] == result["expected_hit_tokens"] == result["prefix_tokens"] // 32 * 32
+    # The cold and warm suffixes may begin with the same tokens, so a block past the prefix can hit too (a CI run: 160, not 128).
+    assert result["hit_tokens"] == result["expected_hit_tokens"] >= result["prefix_tokens"] // 32 * 32
     # An expectation that cannot hold fails with one sentence.
     run = _check(args + " min_hit_tokens=4096")
     assert run.returncode != 0
