@@ -25,6 +25,9 @@ import yaml
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _k8s_render as R  # noqa: E402  pylint: disable=wrong-import-position
+import _kv_cache_decoder as D  # noqa: E402  pylint: disable=wrong-import-position
+
+from ansible_collections.inference_cache.substrate.tools import _kv_synthetic as synthetic  # noqa: E402
 
 FACTS_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "k8s_conformance.yml")
 with open(FACTS_FILE) as _handle:
@@ -214,3 +217,63 @@ def test_pins_agree_with_the_facts():
     assert pins["images"]["envoy"]["tag"] == "distroless-v1.33.2", "llm-d-router@v0.9.0 standalone values: envoy preset image"
     assert pins["charts"]["nvidia_device_plugin"]["version"] == "0.17.1"
     assert json.dumps(FACTS["vllm_render_endpoint"]["flag"]) == '"--enable-scale-out"'
+
+
+DECODER = FACTS["kv_cache_vllm_decoder"]
+
+
+def test_the_epp_kv_cache_module_is_the_one_whose_map_decoding_was_seen():
+    """Point 6: the module the EPP v0.9.0 builds with is, hash for hash, the one whose tests decode map events."""
+    assert DECODER["module"].startswith("github.com/llm-d/llm-d-kv-cache %s h1:" % yaml.safe_load(open(R.PINS))["software"]["llm_d_kv_cache"])
+    assert len(DECODER["module_sources"]) == 2 and "llm-d/llm-d-router@v0.9.0:go.sum" in DECODER["module_sources"]
+    for source in DECODER["module_sources"] + [DECODER["maps_decoded_source"], DECODER["source"], FACTS["sglang_event_fields"]["source"]]:
+        assert CITATION.match(source), source
+    docs = open(os.path.join(R.ROOT, "docs", "compatibility.md")).read()
+    assert DECODER["module"].split()[-1] in docs and DECODER["maps_decoded_source"] in docs
+    assert "6. **Map-encoded events: decoded at v0.9.0 (confirmed).**" in docs
+
+
+@pytest.mark.parametrize("fmt", ["vllm-map", "vllm-array", "sglang"])
+@pytest.mark.parametrize("hash_kind", ["int", "bytes"])
+def test_synthetic_events_are_what_the_epp_decoder_takes(fmt, hash_kind):
+    """The synthetic publisher the tests rely on speaks what the EPP reads (vLLM maps and arrays, SGLang 0.5.12)."""
+    seen = set()
+    for step in range(4):
+        payload = synthetic.encode_batch(synthetic.synthetic_events(fmt, step, hash_kind=hash_kind))
+        assert D.problems(payload, DECODER) == [], (fmt, step)
+        seen.update(D.tags(payload, DECODER))
+    assert seen == {"BlockStored", "BlockRemoved"}
+
+
+@pytest.mark.parametrize("event, message", [
+    ({"type": "BlockStored", "block_hashes": [1], "parent_block_hash": None, "block_size": 16}, "token_ids is None, not ints"),
+    ({"type": "BlockStored", "block_hashes": [b""], "parent_block_hash": None, "token_ids": [1], "block_size": 16}, "block_hashes"),
+    ({"type": "BlockStored", "block_hashes": [1], "parent_block_hash": None, "token_ids": [1], "block_size": 16,
+      "lora_name": {"salt": 1}}, "lora_name"),
+    ({"type": "BlockRemoved", "block_hashes": [1], "group_idx": -1}, "group_idx"),
+    ({"tag": "BlockStored"}, "without a string 'type' tag"),
+    (["BlockStored", [1], None, [1]], "has no block_size"),
+    (["BlockStored", [1], None, [1], 16, None, "GPU", {"cache_salt": "s"}], "lora_name"),  # a dict where a string goes
+    (["FutureEvent", 1], "unknown tag 'FutureEvent'"),
+])
+def test_the_decoder_facts_refuse_what_the_epp_refuses(event, message):
+    found = D.problems(synthetic.encode_batch([event]), DECODER)
+    assert found and message in found[0], found
+
+
+def test_the_decoder_facts_refuse_a_map_batch():
+    found = D.problems(synthetic.encode_batch([], batch_format="map"), DECODER)
+    assert found == ["the batch is a dict, not a positional array"]
+
+
+def test_a_renamed_parent_is_only_a_lost_parent():
+    """vLLM's parent_block_hash may be nil, so a renamed one is read as 'no parent', not refused: the facts say so too."""
+    event = {"type": "BlockStored", "block_hashes": [1], "parent_hash": 7, "token_ids": [1], "block_size": 16}
+    assert D.problems(synthetic.encode_batch([event]), DECODER) == []
+
+
+def test_sglang_0_5_12_fields_sit_where_the_vllm_adapter_reads_them():
+    """Point 7: engineType is ignored at v0.9.0, so SGLang's positional events go through the vLLM adapter."""
+    for tag, names in FACTS["sglang_event_fields"]["value"].items():
+        assert names == [f["name"] for f in DECODER["events"][tag]][:len(names)], tag
+    assert len(FACTS["sglang_event_fields"]["batch"]) == len(DECODER["batch"])
