@@ -18,7 +18,9 @@ The typed fast path (``_kv_wire``) covers vLLM's map-encoded events; the toleran
 shape (positional arrays, SGLang, unknown event types) and reports bad events one by one.
 
 Token content never leaves the decoder unless ``include_token_ids`` is set: token ids are only counted
-(``token_count``) and ``extra_keys`` (cache salts, multimodal hashes) are dropped. Stream tracking
+(``token_count``) and ``extra_keys`` (LoRA names, cache salts, multimodal hashes) are dropped. With
+``include_token_ids`` both are kept (a KV-block index needs them: extra keys change a block's identity), and
+neither ever goes into a report. Stream tracking
 (sequence gaps, restarts) is in ``_kv_stream``, counting and JSON output in ``_kv_report``.
 """
 
@@ -68,11 +70,11 @@ class Event:
 
     __slots__ = ("type", "block_hashes", "parent_block_hash", "token_count", "token_ids", "block_size",
                  "lora_id", "medium", "lora_name", "group_idx", "kv_cache_spec_kind",
-                 "kv_cache_spec_sliding_window", "has_cache_salt")
+                 "kv_cache_spec_sliding_window", "has_cache_salt", "extra_keys")
 
     def __init__(self, type_, block_hashes=None, parent_block_hash=None, token_count=None, token_ids=None,
                  block_size=None, lora_id=None, medium=None, lora_name=None, group_idx=None,
-                 kv_cache_spec_kind=None, kv_cache_spec_sliding_window=None, has_cache_salt=False):
+                 kv_cache_spec_kind=None, kv_cache_spec_sliding_window=None, has_cache_salt=False, extra_keys=None):
         self.type = type_
         self.block_hashes = block_hashes if block_hashes is not None else []
         self.parent_block_hash = parent_block_hash
@@ -86,6 +88,7 @@ class Event:
         self.kv_cache_spec_kind = kv_cache_spec_kind
         self.kv_cache_spec_sliding_window = kv_cache_spec_sliding_window
         self.has_cache_salt = has_cache_salt
+        self.extra_keys = extra_keys  # per-block extra keys, kept only with include_token_ids
 
     to_dict = wire.event_to_dict
 
@@ -314,13 +317,18 @@ class KVDecoder:
         tokens = fields.get("token_ids")
         if tokens is not None and (not isinstance(tokens, (list, tuple)) or not all(_is_int(t) for t in tokens)):
             raise MalformedMessage("BlockStored.token_ids is not a list of integers")
+        keep = self.include_token_ids   # extra keys are read only when kept, as the typed path does
+        extra = fields.get("extra_keys") if keep else None
+        if extra is not None and (not isinstance(extra, (list, tuple)) or
+                                  not all(e is None or isinstance(e, (list, tuple)) for e in extra)):
+            raise MalformedMessage("BlockStored.extra_keys is not a list with one list (or nil) per block")
         metadata = fields.get("metadata")
         salted = isinstance(metadata, dict) and bool(metadata.get("cache_salt"))
         return Event(etype, list(hashes), parent, None if tokens is None else len(tokens),
-                     list(tokens) if (self.include_token_ids and tokens is not None) else None,
+                     list(tokens) if (keep and tokens is not None) else None,
                      fields.get("block_size"), fields.get("lora_id"), fields.get("medium"), fields.get("lora_name"),
                      fields.get("group_idx"), fields.get("kv_cache_spec_kind"), fields.get("kv_cache_spec_sliding_window"),
-                     salted)
+                     salted, None if extra is None else [None if e is None else list(e) for e in extra])
 
 
 def parse_replay_reply(frames):

@@ -192,7 +192,7 @@ class KVBlockIndex:
             parent = parent_entry[0][-1]
         else:
             parent = self.root(lora_name)
-        if extra_keys is not None and self.block_size != block_size:
+        if extra_keys is not None:   # one entry per engine block; realigned to the index's blocks (pool.go)
             extra_keys = None if all(e is None for e in extra_keys) else _realign(extra_keys, len(token_ids) // self.block_size)
         keys = request_keys(token_ids, self.block_size, parent, extra_keys)
         if not keys or not block_hashes:

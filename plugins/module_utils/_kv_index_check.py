@@ -376,8 +376,11 @@ class KVIndexCheck:
         engine.last_applied = batch.seq
         engine.batches += 1
         for event in batch.events:
-            self.index.apply(engine.name, event)
-            self.uncounted.apply(engine.name, event)
+            try:
+                self.index.apply(engine.name, event)
+                self.uncounted.apply(engine.name, event)
+            except ValueError as exc:   # an event the index cannot key (no token ids, no block size)
+                self.malformed(engine, "batch %d: %s" % (batch.seq, exc))
 
     def receive(self, ctx, engine, frames):
         engine.activity += 1

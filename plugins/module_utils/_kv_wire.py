@@ -16,7 +16,8 @@ Two families of shapes, chosen by the decoder's ``include_token_ids`` flag:
   batch (topic and sequence number are set on it), so the common path does no per-event Python work
   and is faster than a plain typed decode that builds the token lists.
 * ``SHAPES_WITH_TOKENS`` (opt-in, e.g. a KV-block index that needs the tokens): token ids decoded
-  into ``list[int]``.
+  into ``list[int]`` and ``extra_keys`` kept (one entry per block, ``None`` or a list), because they change a
+  block's identity. ``event_to_dict`` never reports them.
 
 Both expose the attributes of ``_kv_events.Event`` / ``_kv_events.DecodedBatch``.
 """
@@ -177,7 +178,7 @@ if HAS_MSGSPEC:
             return raw_array_len(self.token_raw)
 
     class BlockStoredWithTokens(msgspec.Struct, tag_field="type", tag="BlockStored", gc=False):
-        """The same event with token ids decoded (opt-in); extra keys still skipped."""
+        """The same event with token ids decoded and extra keys kept (opt-in)."""
 
         type: ClassVar[str] = "BlockStored"
         has_cache_salt: ClassVar[bool] = False
@@ -190,6 +191,7 @@ if HAS_MSGSPEC:
         lora_id: Optional[int] = None
         medium: Optional[str] = None
         lora_name: Optional[str] = None
+        extra_keys: Optional[List[Optional[List[Any]]]] = None
         group_idx: Optional[int] = None
         kv_cache_spec_kind: Optional[str] = None
         kv_cache_spec_sliding_window: Optional[int] = None

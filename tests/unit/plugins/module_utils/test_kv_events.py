@@ -120,6 +120,33 @@ def test_token_ids_opt_in():
         assert "token_ids" not in ev.to_dict()
 
 
+SALTED_EXTRA = [["adapter", "tenant-salt"], None]   # vLLM 0.32: bare LoRA name and cache salt, one entry per block
+
+
+@pytest.mark.parametrize("obj", [
+    [1, [dict(VLLM_MAP_STORED, extra_keys=SALTED_EXTRA)], 0],                                    # typed path
+    [1, [["BlockStored", [BIG, 7], None, TOKENS, 16, None, "GPU", "adapter", SALTED_EXTRA]], 0],   # tolerant path
+], ids=["map", "array"])
+def test_extra_keys_kept_only_with_token_ids_and_never_reported(obj):
+    ev = kv.KVDecoder(include_token_ids=True).decode_payload(ENC(obj)).events[0]
+    assert [None if e is None else list(e) for e in ev.extra_keys] == SALTED_EXTRA
+    assert "extra_keys" not in ev.to_dict() and "tenant-salt" not in repr(ev.to_dict())
+    assert getattr(kv.KVDecoder().decode_payload(ENC(obj)).events[0], "extra_keys", None) is None
+
+
+@pytest.mark.parametrize("extra", ["salt", [1, 2], {"salt": 1}], ids=["string", "scalars", "map"])
+@pytest.mark.parametrize("as_map", [True, False], ids=["map", "array"])
+def test_malformed_extra_keys_are_one_bad_event_when_kept(extra, as_map):
+    event = dict(VLLM_MAP_STORED, extra_keys=extra) if as_map else ["BlockStored", [BIG], None, TOKENS[:16], 16, None, "GPU", None, extra]
+    stats = report.KVStats()
+    stats.add_batch(kv.KVDecoder(include_token_ids=True).decode_payload(ENC([1, [event, VLLM_MAP_STORED], 0])))
+    facts = stats.facts()
+    assert facts["malformed"]["count"] == 1 and "extra_keys" in facts["malformed"]["first_reason"], facts["malformed"]
+    stats = report.KVStats()   # not kept: not read, as the check never needs them
+    stats.add_batch(kv.KVDecoder().decode_payload(ENC([1, [event, VLLM_MAP_STORED], 0])))
+    assert stats.facts()["malformed"]["count"] == 0
+
+
 def test_large_token_array_counts_without_decoding(dec):
     big = dict(VLLM_MAP_STORED, token_ids=list(range(70000)))
     assert dec.decode_payload(ENC([1, [big], 0])).events[0].token_count == 70000

@@ -146,6 +146,26 @@ def test_apply_decoded_events():
     assert index.size("a") == 0
 
 
+def test_salted_blocks_are_not_the_unsalted_prompt():
+    """vLLM hashes a cache salt (first block) and a LoRA name (every block) into a block: so does the index."""
+    index = kvi.KVBlockIndex(BS, "tiny")
+    salted = [("tenant-salt",), None, None, None]
+    assert index.apply("a", Event("BlockStored", ENGINE_HASHES, None, 16, TOKENS[:16], BS, extra_keys=salted)) == 4
+    assert index.lookup("a", index.prompt_keys(TOKENS)) == 0
+    assert index.lookup("a", index.prompt_keys(TOKENS, extra_keys=salted + [None])) == 4
+    # A store without extra keys (or all nil) is the plain prompt.
+    index.apply("b", Event("BlockStored", ENGINE_HASHES, None, 16, TOKENS[:16], BS, extra_keys=[None] * 4))
+    assert index.lookup("b", index.prompt_keys(TOKENS)) == 4
+
+
+def test_extra_keys_realigned_to_the_index_blocks():
+    """One entry per engine block of 8 tokens, an index of 4-token blocks: each entry covers two index blocks."""
+    index = kvi.KVBlockIndex(BS, "tiny")
+    index.apply("a", Event("BlockStored", [21, 22], None, 16, TOKENS[:16], 8, extra_keys=[("salt",), None]))
+    assert index.lookup("a", index.prompt_keys(TOKENS, extra_keys=[("salt",), ("salt",), None, None])) == 4
+    assert index.lookup("a", index.prompt_keys(TOKENS)) == 0
+
+
 @pytest.mark.parametrize("held, prompt, expected", [
     (0, 100, 0), (2, 100, 64), (3, 100, 96), (4, 100, 96), (4, 128, 96), (4, 129, 128), (9, 0, 0), (1, 33, 32), (1, 32, 0),
 ])

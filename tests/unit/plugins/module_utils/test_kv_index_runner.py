@@ -258,6 +258,15 @@ def test_gap_without_replay_and_other_topics_are_counted():
     assert check.explain(engine) == "; a gap in its event stream could not be repaired (1 in all)"
 
 
+def test_events_the_index_cannot_key_are_malformed_not_a_crash():
+    check, engine = _stream()
+    no_tokens = dict(_stored([1], None, None))
+    del no_tokens["token_ids"]
+    check.receive(None, engine, _frames(0, [no_tokens, _stored([2], None, list(range(4)))]))
+    assert engine.malformed == 1 and "without token ids" in engine.malformed_reason
+    assert check.index.size("a") == 1   # the good event of the same batch was applied
+
+
 CLUSTER_VERIFY = os.path.join(os.path.dirname(__file__), "..", "..", "..", "..", "tools", "cluster_verify.py")
 
 
