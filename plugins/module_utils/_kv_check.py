@@ -28,6 +28,7 @@ import math
 import re
 import time
 
+from ._http_args import HTTP_ARG_SPEC, HTTP_RANGES, client_options
 from ._kv_args import LIMITS as STREAM_LIMITS
 from ._kv_events import EVENT_TYPES, KVDecoder, MalformedMessage
 from ._kv_report import KVStats, batch_json_lines
@@ -42,21 +43,22 @@ DEFAULT_PROMPT = " ".join([
     "This request exists only to make the engine store a few full blocks and publish the matching KV cache events;",
     "its answer is ignored, and the text is never returned, logged or captured by the check.",
 ])
-TRIGGER_SPEC = {
+# The trigger's connection options are the collection's HTTP options (auth, TLS, proxy, body limit: _http_args),
+# the same names as prefix_cache_check's.
+TRIGGER_SPEC = dict(HTTP_ARG_SPEC, **{
     "url": {"type": "str", "required": True},
     "model": {"type": "str"},
     "prompt": {"type": "str"},
     "max_tokens": {"type": "int", "default": 1, "no_log": False},
-    "api_key": {"type": "str", "no_log": True},
     "headers": {"type": "dict", "default": {}},
     "delay": {"type": "float", "default": 0.5},
-}
-# Inclusive numeric ranges (low, high, integer?) of the check's own options; STREAM_LIMITS has the stream's.
-LIMITS = dict(STREAM_LIMITS, **{
-    "settle": (0.0, 3600.0, False),
-    "trigger.max_tokens": (1, 1000000, True),
-    "trigger.delay": (0.0, 3600.0, False),
 })
+# Inclusive numeric ranges (low, high, integer?) of the check's own options; STREAM_LIMITS has the stream's.
+LIMITS = dict(STREAM_LIMITS, **dict([
+    ("settle", (0.0, 3600.0, False)),
+    ("trigger.max_tokens", (1, 1000000, True)),
+    ("trigger.delay", (0.0, 3600.0, False)),
+] + [("trigger." + name, (low, high, True)) for name, (low, high) in HTTP_RANGES.items()]))
 MAX_EXPECT = 1000000000
 ENDPOINT_RE = re.compile(r"^(tcp|ipc|inproc)://\S+$")
 URL_RE = re.compile(r"^https?://[^\s/]+", re.IGNORECASE)
@@ -89,7 +91,7 @@ def send_trigger(trigger, timeout, client_class=OpenAIClient):
     base = trigger["url"].rstrip("/")
     if base.endswith("/v1"):
         base = base[:-3]
-    client = client_class(base, api_key=trigger.get("api_key"), timeout=timeout, headers=trigger.get("headers"))
+    client = client_class(base, timeout=timeout, headers=trigger.get("headers"), **client_options(trigger))
     facts = {"sent": True, "url": client.url("/v1/completions"), "status": None, "prompt_tokens": None, "cached_tokens": None,
              "model": None}
     try:
@@ -232,9 +234,17 @@ class KVEventsCheck:
         for name in ("model", "prompt", "api_key"):
             if trigger.get(name) is not None and not isinstance(trigger[name], str):
                 self.fail("trigger.%s must be a string." % name)
-        for name in ("max_tokens", "delay"):
+        for name in ["max_tokens", "delay"] + sorted(HTTP_RANGES):
             if trigger.get(name) is not None:
                 self._number("trigger." + name, trigger[name])
+        for name in ("validate_certs", "use_proxy"):
+            if trigger.get(name) is not None and not isinstance(trigger[name], bool):
+                self.fail("trigger.%s must be true or false, got %r." % (name, trigger[name]))
+        for name in ("ca_path", "client_cert", "client_key"):
+            if trigger.get(name) is not None and not isinstance(trigger[name], str):
+                self.fail("trigger.%s must be a file path." % name)
+        if trigger.get("client_key") and not trigger.get("client_cert"):
+            self.fail("trigger.client_key needs trigger.client_cert: a key file alone is no client certificate.")
         headers = trigger.get("headers") or {}
         if not isinstance(headers, dict) or not all(
                 isinstance(k, str) and isinstance(v, (str, int, float)) and not isinstance(v, bool) for k, v in headers.items()):

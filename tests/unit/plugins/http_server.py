@@ -15,6 +15,7 @@ from __future__ import absolute_import, division, print_function
 __metaclass__ = type  # pylint: disable=invalid-name
 
 import json
+import os
 import threading
 
 try:
@@ -98,3 +99,23 @@ def sse(*chunks):
         lines.append(b"data: " + data + b"\n\n")
     lines.append(b"data: [DONE]\n\n")
     return lines
+
+
+def tls_scripted_server(folder):
+    """A ScriptedServer behind TLS with a self-signed certificate for 127.0.0.1 (made with openssl in ``folder``).
+
+    Returns ``(server, cert_path)``; the server is not started. The certificate is its own authority (``ca_path``).
+    """
+    import ssl  # pylint: disable=import-outside-toplevel
+    import subprocess  # pylint: disable=import-outside-toplevel
+    cert, key = os.path.join(str(folder), "cert.pem"), os.path.join(str(folder), "key.pem")
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=127.0.0.1",
+                    "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", key, "-out", cert],
+                   check=True, capture_output=True)
+    srv = ScriptedServer()
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(cert, key)
+    # pylint: disable=protected-access
+    srv._httpd.socket = context.wrap_socket(srv._httpd.socket, server_side=True)
+    srv.url = srv.url.replace("http://", "https://")
+    return srv, cert

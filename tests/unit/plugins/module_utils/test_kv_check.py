@@ -19,7 +19,9 @@ import zmq
 from ansible_collections.inference_cache.substrate.plugins.module_utils._kv_args import KV_STREAM_ARG_SPEC
 from ansible_collections.inference_cache.substrate.plugins.module_utils._kv_check import (
     CHECK_ARG_SPEC, CheckFailed, KVEventsCheck, send_trigger)
+from ansible_collections.inference_cache.substrate.plugins.module_utils._http_args import HTTP_ARG_SPEC
 from ansible_collections.inference_cache.substrate.plugins.module_utils._openai_http import OpenAIHTTPError
+from ansible_collections.inference_cache.substrate.tests.unit.plugins.http_server import tls_scripted_server
 from ansible_collections.inference_cache.substrate.tests.unit.plugins.net_utils import free_port
 from ansible_collections.inference_cache.substrate.tests.unit.plugins.sentences import assert_one_sentence
 from ansible_collections.inference_cache.substrate.tools import _kv_synthetic as synth
@@ -200,6 +202,10 @@ INVALID = [
     ({"trigger": {"url": "http://x", "delay": -1}}, "trigger.delay must be between 0.0 and 3600.0, got -1."),
     ({"trigger": {"url": "http://x", "headers": ["a"]}}, "trigger.headers must be a mapping of header names to strings."),
     ({"trigger": {"url": "http://x", "model": 3}}, "trigger.model must be a string."),
+    ({"trigger": {"url": "https://x", "max_body_bytes": 10}}, "trigger.max_body_bytes must be between 1024 and 1073741824, got 10."),
+    ({"trigger": {"url": "https://x", "client_key": "/k.pem"}}, "trigger.client_key needs trigger.client_cert"),
+    ({"trigger": {"url": "https://x", "validate_certs": "no"}}, "trigger.validate_certs must be true or false, got 'no'."),
+    ({"trigger": {"url": "https://x", "ca_path": ["a"]}}, "trigger.ca_path must be a file path."),
     ({"data_parallel_size": 2, "endpoint": "tcp://host"}, "Cannot offset the port"),
 ]
 
@@ -220,13 +226,15 @@ def test_data_parallel_ranks(zctx, publisher):
     assert facts["endpoints"] == [base, base + "_dp1"]
 
 
-def fake_client(answers, calls):
+def fake_client(answers, calls, connections=None):
     """An OpenAIClient stand-in: ``answers`` maps a path to its JSON answer or to an exception to raise."""
 
     class FakeClient(object):
-        def __init__(self, base_url, api_key=None, timeout=None, headers=None):
+        def __init__(self, base_url, api_key=None, timeout=None, headers=None, **connection):
             self.base_url, self.last_status = base_url, None
             calls.append(("init", base_url, api_key, dict(headers or {})))
+            if connections is not None:
+                connections.append(connection)
 
         def url(self, path):
             return self.base_url + path
@@ -280,6 +288,39 @@ def test_trigger_without_a_listed_model():
 def test_trigger_without_cached_tokens():
     facts = send_trigger({"url": "http://h/v1", "model": "m"}, 1.0, fake_client({"/v1/completions": {"usage": {"prompt_tokens": 3}}}, []))
     assert facts["cached_tokens"] is None and facts["prompt_tokens"] == 3 and facts["url"] == "http://h/v1/completions"
+
+
+def test_trigger_uses_the_collections_http_options():
+    """TLS, proxy and body limit: the same options, with the same defaults, as prefix_cache_check's."""
+    connections = []
+    send_trigger({"url": "https://h", "model": "m", "ca_path": "/ca.pem", "client_cert": "/c.pem", "validate_certs": False,
+                  "use_proxy": False, "max_body_bytes": 4096}, 1.0, fake_client({"/v1/completions": {}}, [], connections))
+    assert connections == [{"validate_certs": False, "ca_path": "/ca.pem", "client_cert": "/c.pem", "client_key": None,
+                            "use_proxy": False, "max_body_bytes": 4096}]
+    assert set(CHECK_ARG_SPEC["trigger"]["options"]) >= set(HTTP_ARG_SPEC)
+    assert all(CHECK_ARG_SPEC["trigger"]["options"][name] == spec for name, spec in HTTP_ARG_SPEC.items())
+
+
+@pytest.fixture(scope="module")
+def tls_engine(tmp_path_factory):
+    """An OpenAI-compatible stand-in behind TLS, its certificate its own authority."""
+    srv, cert = tls_scripted_server(tmp_path_factory.mktemp("tls"))
+    srv.routes["/v1/completions"] = (200, "application/json", json.dumps({"usage": {"prompt_tokens": 40}}).encode())
+    srv.start()
+    yield srv, cert
+    srv.stop()
+
+
+def test_trigger_over_tls_trusts_ca_path_and_refuses_an_unknown_certificate(tls_engine, monkeypatch):
+    srv, cert = tls_engine
+    for name in ("https_proxy", "HTTPS_PROXY", "all_proxy", "ALL_PROXY"):
+        monkeypatch.delenv(name, raising=False)
+    assert send_trigger({"url": srv.url, "model": "m", "ca_path": cert}, 5.0)["status"] == 200
+    assert send_trigger({"url": srv.url, "model": "m", "validate_certs": False}, 5.0)["prompt_tokens"] == 40
+    with pytest.raises(CheckFailed) as info:
+        send_trigger({"url": srv.url, "model": "m"}, 5.0)
+    assert "certificate verify failed" in info.value.msg
+    one_sentence(info.value.msg)
 
 
 def test_trigger_real_http_error():

@@ -15,8 +15,6 @@ __metaclass__ = type  # pylint: disable=invalid-name
 
 import json
 import os
-import ssl
-import subprocess
 import threading
 
 import pytest
@@ -24,7 +22,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ansible_collections.inference_cache.substrate.plugins.module_utils import _openai_http as http
-from ansible_collections.inference_cache.substrate.tests.unit.plugins.http_server import ScriptedServer, sse
+from ansible_collections.inference_cache.substrate.tests.unit.plugins.http_server import ScriptedServer, sse, tls_scripted_server
 from ansible_collections.inference_cache.substrate.tests.unit.plugins.net_utils import free_port
 
 USAGE = {"prompt_tokens": 40, "completion_tokens": 1, "prompt_tokens_details": {"cached_tokens": 32}}
@@ -254,17 +252,7 @@ def test_proxy_from_the_environment_is_used_unless_use_proxy_is_false(server, mo
 @pytest.fixture(scope="module")
 def tls_server(tmp_path_factory):
     """The scripted server behind TLS with a self-signed certificate for 127.0.0.1."""
-    folder = tmp_path_factory.mktemp("tls")
-    cert, key = str(folder / "cert.pem"), str(folder / "key.pem")
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=127.0.0.1",
-                    "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", key, "-out", cert],
-                   check=True, capture_output=True)
-    srv = ScriptedServer()
-    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    context.load_cert_chain(cert, key)
-    # pylint: disable=protected-access
-    srv._httpd.socket = context.wrap_socket(srv._httpd.socket, server_side=True)
-    srv.url = srv.url.replace("http://", "https://")
+    srv, cert = tls_scripted_server(tmp_path_factory.mktemp("tls"))
     srv.routes["/metrics"] = (200, "text/plain", b"secure 1\n")
     srv.start()
     yield srv, cert
