@@ -28,6 +28,7 @@ import os
 import re
 import socket
 import subprocess
+import sys
 import time
 
 import pytest
@@ -161,6 +162,26 @@ def test_verify_asserts_can_fail(tmp_path, extra, message):
     report = json.loads((tmp_path / "report.json").read_text())
     assert report["passed"] is False and report["failure"]
     assert "FAILED" in (tmp_path / "summary.txt").read_text()
+
+
+def test_verify_playbook_over_tls_trusts_only_the_given_authority(tmp_path):
+    """verify_ca_path reaches the completions, the metrics and the KV-event trigger; an unknown certificate is refused."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from _tls_proxy import TLSProxy  # pylint: disable=import-error,import-outside-toplevel
+    proxy = TLSProxy(int(URL.rsplit(":", 1)[1]), tmp_path).start()
+    try:
+        trusted = _playbook("playbooks/verify.yml", "-e", "verify_report_dir=%s" % (tmp_path / "ok"), "-e", "verify_url=%s" % proxy.url,
+                            "-e", "verify_ca_path=%s" % proxy.cert)
+        assert trusted.returncode == 0, trusted.stdout[-3000:]
+        report = json.loads((tmp_path / "ok" / "report.json").read_text())
+        assert report["passed"] is True and report["kv_events_cold"]["trigger"]["url"].startswith(proxy.url)
+        assert proxy.refused == 0
+        unknown = _playbook("playbooks/verify.yml", "-e", "verify_report_dir=%s" % (tmp_path / "bad"), "-e", "verify_url=%s" % proxy.url,
+                            "-e", "verify_kv_events_timeout=10")
+        assert unknown.returncode != 0 and "certificate verify failed" in unknown.stdout, unknown.stdout[-3000:]
+        assert proxy.refused >= 1
+    finally:
+        proxy.stop()
 
 
 def test_site_second_run_changes_nothing():

@@ -1,0 +1,82 @@
+# -*- coding: utf-8 -*-
+# Copyright (c) inference_cache.substrate contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+"""A TLS-terminating TCP proxy for tests: https://127.0.0.1:<port> in front of a plain HTTP server.
+
+``TLSProxy(target_port, folder)`` makes a self-signed certificate for 127.0.0.1 in ``folder`` (``cert``, its own
+authority) and forwards every decrypted byte both ways, streams included. ``start()``, ``url``, ``stop()``.
+"""
+
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type  # pylint: disable=invalid-name
+
+import os
+import socket
+import ssl
+import subprocess
+import threading
+
+
+class TLSProxy:
+    def __init__(self, target_port, folder, target_host="127.0.0.1"):
+        self.target = (target_host, target_port)
+        self.cert, key = os.path.join(str(folder), "cert.pem"), os.path.join(str(folder), "key.pem")
+        subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=127.0.0.1",
+                        "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", key, "-out", self.cert],
+                       check=True, capture_output=True)
+        self.context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        self.context.load_cert_chain(self.cert, key)
+        self.listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.listener.bind(("127.0.0.1", 0))
+        self.listener.listen(16)
+        self.url = "https://127.0.0.1:%d" % self.listener.getsockname()[1]
+        self.refused = 0   # handshakes that failed (a client that did not trust the certificate)
+        self._stop = threading.Event()
+
+    def start(self):
+        threading.Thread(target=self._accept, daemon=True).start()
+        return self
+
+    def stop(self):
+        self._stop.set()
+        self.listener.close()
+
+    def _accept(self):
+        while not self._stop.is_set():
+            try:
+                raw, _addr = self.listener.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._serve, args=(raw,), daemon=True).start()
+
+    def _serve(self, raw):
+        try:
+            client = self.context.wrap_socket(raw, server_side=True)
+        except (ssl.SSLError, OSError):
+            self.refused += 1
+            raw.close()
+            return
+        upstream = socket.create_connection(self.target)
+        threading.Thread(target=self._pump, args=(upstream, client), daemon=True).start()
+        self._pump(client, upstream)
+
+    @staticmethod
+    def _pump(source, sink):
+        try:
+            while True:
+                data = source.recv(65536)
+                if not data:
+                    break
+                sink.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for sock in (source, sink):
+                try:
+                    sock.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
