@@ -22,7 +22,7 @@ mkdir -p "$cache"
 # Stage a copy of what git tracks or would track (a fresh copy each time: no stale files).
 rm -rf "$STAGE"
 mkdir -p "$STAGE"
-(cd "$ROOT" && git ls-files -co --exclude-standard -z | xargs -0 -I{} sh -c 'test -e "{}" && printf "%s\0" "{}"' | tar --null -cf - -T -) | tar -xf - -C "$STAGE"
+(cd "$ROOT" && git ls-files -co --exclude-standard -z | xargs -0 -I{} sh -c 'if test -e "{}"; then printf "%s\0" "{}"; fi' | tar --null -cf - -T -) | tar -xf - -C "$STAGE"
 # ansible-test only considers files under version control when it finds a repository; give it one.
 (cd "$STAGE" && git init -q . && git add -A >/dev/null)
 

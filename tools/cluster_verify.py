@@ -11,7 +11,8 @@ headless Service (one DNS record per ready pod) and runs, against each pod IP in
 
 * the KV-event check (plugins/module_utils/_kv_check.py): SUB-connect to tcp://<pod>:<kv port> (the engines
   bind tcp://*:<port>), send one trigger completion to that same pod, expect BlockStored events under the
-  pod's own topic (the engines' topic with $(POD_IP) replaced by the pod IP);
+  pod's own topic (the engines' topic with $(POD_IP) replaced by the pod IP), each batch one the EPP v0.9.0's
+  KV-event decoder takes (required with --scoring-mode precise);
 * the prefix-cache check (plugins/module_utils/_prefix_cache.py): a cold and a warm request sharing a prefix,
   hits read from that pod's /metrics.
 
@@ -97,13 +98,15 @@ def check_kv_events(ip, args):
         "topic": args.topic_template.replace("$(POD_IP)", ip), "engine": args.engine,
         "data_parallel_size": 1, "replay_endpoint": None, "timeout": args.timeout, "expect": None, "settle": 1.0,
         "include_token_ids": False, "trigger": {"url": base, "model": args.model, "max_tokens": 1, "delay": 1.0, "headers": {}},
+        # Precise mode: every batch must be one the EPP v0.9.0's decoder takes, or its index silently misses those blocks.
+        "router_version": "v0.9.0", "expect_router_decodes": args.scoring_mode == "precise",
     }
     try:
         facts = check.KVEventsCheck(params).run()
     except check.CheckFailed as exc:
         return {"ok": False, "msg": exc.msg, "counts": exc.facts.get("counts")}
     return {"ok": True, "msg": "KV events arrived under the pod's own topic.", "counts": facts.get("counts"),
-            "topics": facts.get("topics")}
+            "topics": facts.get("topics"), "router_decoder": facts.get("router_decoder")}
 
 
 def check_prefix_cache(ip, args):

@@ -28,6 +28,8 @@ import math
 import re
 import time
 
+from . import _epp_decoder as router_decoder
+from . import _kv_wire as wire
 from ._http_args import HTTP_ARG_SPEC, HTTP_RANGES, client_options
 from ._kv_args import LIMITS as STREAM_LIMITS
 from ._kv_events import EVENT_TYPES, KVDecoder, MalformedMessage
@@ -70,7 +72,11 @@ CHECK_ARG_SPEC = {
     "trigger": {"type": "dict", "options": TRIGGER_SPEC},
     "capture_path": {"type": "path"},
     "include_token_ids": {"type": "bool", "default": False},
+    "router_version": {"type": "str", "default": "v0.9.0", "choices": list(router_decoder.VERSIONS) + ["none"]},
+    "expect_router_decodes": {"type": "bool", "default": False},
 }
+# Batches held against the router's decoder (the first ones of the check; each costs one more msgpack decode).
+ROUTER_CHECK_BATCHES = 1000
 
 
 class CheckFailed(Exception):
@@ -134,6 +140,9 @@ class KVEventsCheck:
         expect = params.get("expect")
         self.expect = dict(DEFAULT_EXPECT) if expect is None else (dict(expect) if isinstance(expect, dict) else expect)
         self.stream_socket = {}  # stream key -> index of the socket (data-parallel rank) it arrived on
+        version = params.get("router_version") or "v0.9.0"
+        self.router = {"router_version": version, "decoder": router_decoder.DECODERS.get(version, {}).get("decoder"),
+                       "checked_batches": 0, "refused_batches": 0, "first_problem": None}
         self.gap_since = None  # when the oldest gap not yet asked for appeared
 
     # -- facts ----------------------------------------------------------------------------
@@ -148,6 +157,7 @@ class KVEventsCheck:
         except (ValueError, TypeError, AttributeError):
             facts["endpoints"] = [self.params.get("endpoint")]
         facts["peer_connected"] = list(self.connected)
+        facts["router_decoder"] = dict(self.router)
         facts["changed"] = False
         return facts
 
@@ -196,7 +206,10 @@ class KVEventsCheck:
         for name in ("data_parallel_size", "timeout", "settle"):
             if params.get(name) is not None:
                 self._number(name, params[name])
-        for name in ("include_token_ids", "expect_removed_after_stored"):
+        self._choice("router_version", params.get("router_version") or "v0.9.0", router_decoder.VERSIONS + ("none",))
+        if params.get("expect_router_decodes") and params.get("router_version") == "none":
+            self.fail("expect_router_decodes needs a router_version to hold the events against, not none.")
+        for name in ("include_token_ids", "expect_removed_after_stored", "expect_router_decodes"):
             if params.get(name) is not None and not isinstance(params[name], bool):
                 self.fail("%s must be true or false, got %r." % (name, params[name]))
         if params.get("capture_path") is not None and not isinstance(params["capture_path"], str):
@@ -380,13 +393,14 @@ class KVEventsCheck:
                 self.stats.add_malformed("a message arrived on more than %d distinct streams" % self.seqs.max_streams)
                 continue
             self.stream_socket.setdefault(self.seqs.key(batch.topic, rank), sock_rank)
-            self.add(batch)
+            self.add(batch, frames[-1])
             if gap is not None and self.gap_since is None:
                 self.gap_since = self.clock()
         return got
 
-    def add(self, batch):
+    def add(self, batch, payload=None):
         self.stats.add_batch(batch)
+        self.hold_against_router(batch, payload)
         if self.params.get("capture_path"):
             self.capture.extend(batch_json_lines(batch, bool(self.params.get("include_token_ids"))))
 
@@ -396,7 +410,22 @@ class KVEventsCheck:
         except MalformedMessage as exc:
             self.stats.add_malformed("replayed batch %d: %s" % (seq, exc))
             return
-        self.add(batch)
+        self.add(batch, payload)
+
+    def hold_against_router(self, batch, payload):
+        """Would the router's KV-event decoder (router_version) take this batch? Counted, first problem kept."""
+        router = self.router
+        if payload is None or router["decoder"] is None or router["checked_batches"] >= ROUTER_CHECK_BATCHES:
+            return
+        try:
+            found = router_decoder.problems(wire.GENERIC_DECODER.decode(payload), router["router_version"])
+        except (wire.DecodeError, ValueError, TypeError, RecursionError):
+            return  # not msgpack at all: the decoder above already said so
+        router["checked_batches"] += 1
+        if found:
+            router["refused_batches"] += 1
+            if router["first_problem"] is None:
+                router["first_problem"] = "batch %d on topic %r: %s" % (batch.seq, batch.topic, found[0])
 
     def catch_up(self, ctx, deadline, tail=True):
         """Repair every open gap, and with ``tail`` fetch what follows the last batch seen, one request per stream.
@@ -497,6 +526,12 @@ class KVEventsCheck:
             if self.params.get("expect_removed_after_stored") and not stats.removed_after_stored:
                 short.append("no BlockRemoved for a block stored during the check")
             self.fail("Expectations not met within %ss (%s received): %s." % (timeout, _plural(stats.batches, "batch"), "; ".join(short)))
+        router = self.router
+        if self.params.get("expect_router_decodes") and router["refused_batches"]:
+            self.fail("The llm-d router %s would drop %d of the %s checked (its KV-event decoder, %s, refuses them, so its "
+                      "prefix index never sees those blocks); first: %s." % (
+                          router["router_version"], router["refused_batches"], _plural(router["checked_batches"], "batch"),
+                          router["decoder"], router["first_problem"]))
 
     def write_capture(self):
         path = self.params.get("capture_path")

@@ -131,6 +131,21 @@ options:
         never leaves the decoder; RV(sample) never contains them.
     type: bool
     default: false
+  router_version:
+    description:
+      - Hold every batch (the first 1000) against the KV-event decoder of this llm-d router version, the one a precise
+        prefix-cache router runs (C(v0.9.0) decodes with llm-d-kv-cache v0.9.0's vLLM adapter, whatever the engine).
+      - That decoder drops a whole batch when one event does not fit it, silently; RV(router_decoder) counts such batches
+        and names the first problem. V(none) skips this.
+    type: str
+    default: v0.9.0
+    choices: [v0.9.0, none]
+  expect_router_decodes:
+    description:
+      - Fail when the router of O(router_version) would drop any batch checked. Off by default, when the module only
+        reports it (with a warning).
+    type: bool
+    default: false
 notes:
   - vLLM binds its endpoint only when it contains V(*) or V(::); for any other address, such as V(tcp://127.0.0.1:5557),
     it connects and this module must use O(socket_mode=bind).
@@ -287,6 +302,13 @@ peer_connected:
   type: list
   elements: bool
   sample: [true]
+router_decoder:
+  description:
+    - The batches held against the KV-event decoder of O(router_version) and how many it would drop. C(first_problem) names
+      the batch, the event and the field (never its value).
+  returned: always
+  type: dict
+  sample: {router_version: v0.9.0, decoder: llm-d-kv-cache v0.9.0 vLLM adapter, checked_batches: 12, refused_batches: 0, first_problem: null}
 trigger:
   description:
     - The trigger request, if any. C(cached_tokens) comes from C(usage.prompt_tokens_details.cached_tokens) (vLLM
@@ -328,6 +350,10 @@ def main():
     except CheckFailed as exc:
         facts = dict(exc.facts, changed=False)
         module.fail_json(msg=exc.msg, **facts)
+    router = facts["router_decoder"]
+    if router["refused_batches"]:
+        module.warn("The llm-d router %s would drop %d of the %d batches checked; first: %s." % (
+            router["router_version"], router["refused_batches"], router["checked_batches"], router["first_problem"]))
     module.exit_json(**facts)
 
 

@@ -20,13 +20,14 @@ import os
 import re
 import sys
 
+import msgspec
 import pytest
 import yaml
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _k8s_render as R  # noqa: E402  pylint: disable=wrong-import-position
-import _kv_cache_decoder as D  # noqa: E402  pylint: disable=wrong-import-position
 
+from ansible_collections.inference_cache.substrate.plugins.module_utils import _epp_decoder as D  # noqa: E402
 from ansible_collections.inference_cache.substrate.tools import _kv_synthetic as synthetic  # noqa: E402
 
 FACTS_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "k8s_conformance.yml")
@@ -222,6 +223,22 @@ def test_pins_agree_with_the_facts():
 DECODER = FACTS["kv_cache_vllm_decoder"]
 
 
+def _problems(payload):
+    return D.problems(msgspec.msgpack.decode(payload), "v0.9.0")
+
+
+def test_the_collections_decoder_facts_are_the_cited_ones():
+    """plugins/module_utils/_epp_decoder.py (what kv_events_check reports) holds exactly the facts cited here."""
+    ours = D.DECODERS["v0.9.0"]
+    assert ours["tag_key"] == DECODER["tag_key"]
+    assert [(f["name"], f["kind"], f["optional"]) for f in ours["batch"]] == [
+        (f["name"], f["kind"], f.get("optional", False)) for f in DECODER["batch"]]
+    assert sorted(ours["events"]) == sorted(DECODER["events"])
+    for tag, fields in DECODER["events"].items():
+        assert [(f["name"], f["kind"], f["optional"]) for f in ours["events"][tag]] == [
+            (f["name"], f["kind"], f.get("optional", False)) for f in fields], tag
+
+
 def test_the_epp_kv_cache_module_is_the_one_whose_map_decoding_was_seen():
     """Point 6: the module the EPP v0.9.0 builds with is, hash for hash, the one whose tests decode map events."""
     assert DECODER["module"].startswith("github.com/llm-d/llm-d-kv-cache %s h1:" % yaml.safe_load(open(R.PINS))["software"]["llm_d_kv_cache"])
@@ -240,36 +257,38 @@ def test_synthetic_events_are_what_the_epp_decoder_takes(fmt, hash_kind):
     seen = set()
     for step in range(4):
         payload = synthetic.encode_batch(synthetic.synthetic_events(fmt, step, hash_kind=hash_kind))
-        assert D.problems(payload, DECODER) == [], (fmt, step)
-        seen.update(D.tags(payload, DECODER))
+        assert _problems(payload) == [], (fmt, step)
+        seen.update(D.tags(msgspec.msgpack.decode(payload)))
     assert seen == {"BlockStored", "BlockRemoved"}
 
 
 @pytest.mark.parametrize("event, message", [
-    ({"type": "BlockStored", "block_hashes": [1], "parent_block_hash": None, "block_size": 16}, "token_ids is None, not ints"),
+    ({"type": "BlockStored", "block_hashes": [1], "parent_block_hash": None, "block_size": 16},
+     "event 0 BlockStored.token_ids is nil, not an array of integers"),
     ({"type": "BlockStored", "block_hashes": [b""], "parent_block_hash": None, "token_ids": [1], "block_size": 16}, "block_hashes"),
     ({"type": "BlockStored", "block_hashes": [1], "parent_block_hash": None, "token_ids": [1], "block_size": 16,
       "lora_name": {"salt": 1}}, "lora_name"),
     ({"type": "BlockRemoved", "block_hashes": [1], "group_idx": -1}, "group_idx"),
-    ({"tag": "BlockStored"}, "without a string 'type' tag"),
-    (["BlockStored", [1], None, [1]], "has no block_size"),
-    (["BlockStored", [1], None, [1], 16, None, "GPU", {"cache_salt": "s"}], "lora_name"),  # a dict where a string goes
-    (["FutureEvent", 1], "unknown tag 'FutureEvent'"),
+    ({"tag": "BlockStored"}, "event 0 is a map without a string 'type' tag"),
+    (["BlockStored", [1], None, [1]], "event 0 BlockStored has no block_size"),
+    (["BlockStored", [1], None, [1], 16, None, "GPU", {"cache_salt": "s"}],
+     "event 0 BlockStored.lora_name is a map, not a string or nil"),  # a map where a string goes; the value is never printed
+    (["FutureEvent", 1], "event 0 has the type 'FutureEvent', which the decoder does not know"),
 ])
 def test_the_decoder_facts_refuse_what_the_epp_refuses(event, message):
-    found = D.problems(synthetic.encode_batch([event]), DECODER)
+    found = _problems(synthetic.encode_batch([event]))
     assert found and message in found[0], found
 
 
 def test_the_decoder_facts_refuse_a_map_batch():
-    found = D.problems(synthetic.encode_batch([], batch_format="map"), DECODER)
-    assert found == ["the batch is a dict, not a positional array"]
+    found = _problems(synthetic.encode_batch([], batch_format="map"))
+    assert found == ["the batch is a map, not a positional array"]
 
 
 def test_a_renamed_parent_is_only_a_lost_parent():
     """vLLM's parent_block_hash may be nil, so a renamed one is read as 'no parent', not refused: the facts say so too."""
     event = {"type": "BlockStored", "block_hashes": [1], "parent_hash": 7, "token_ids": [1], "block_size": 16}
-    assert D.problems(synthetic.encode_batch([event]), DECODER) == []
+    assert _problems(synthetic.encode_batch([event])) == []
 
 
 def test_sglang_0_5_12_fields_sit_where_the_vllm_adapter_reads_them():

@@ -30,22 +30,19 @@ import fcntl
 import json
 import os
 import subprocess
-import sys
 import threading
 import time
 import urllib.request
 
 import msgspec
 import pytest
-import yaml
 import zmq
 
 from ansible_collections.inference_cache.substrate.plugins.module_utils import _kv_check as check
 from ansible_collections.inference_cache.substrate.plugins.module_utils import _kv_events as kv
 from ansible_collections.inference_cache.substrate.plugins.module_utils import _kv_zmq as kvz
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import _kv_cache_decoder as D  # noqa: E402  pylint: disable=wrong-import-position
+from ansible_collections.inference_cache.substrate.plugins.module_utils import _epp_decoder as D
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 PLAYBOOK = os.path.join(ROOT, ".venv", "bin", "ansible-playbook")
@@ -63,8 +60,6 @@ INSTANCE_VARS = ["-e", "local_engine_instance=%s" % INSTANCE, "-e", "local_engin
                  "--tags", "local_engine"]
 REQUESTS, PARALLEL = 48, 12
 MAX_FRAME = 1024
-with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "k8s_conformance.yml")) as _facts:
-    DECODER = yaml.safe_load(_facts)["kv_cache_vllm_decoder"]  # what the EPP v0.9.0's event decoder takes
 
 
 def _engine_installed():
@@ -141,7 +136,7 @@ def _replay_buffer():
     try:
         for _topic, seq, payload in kvz.replay(ctx, REPLAY_ENDPOINT, 0, time.monotonic() + 60):
             counts[seq] = sum(1 for ev in decoder.decode_payload(payload, TOPIC, seq).events if ev.type == "BlockStored")
-            refused.extend("batch %d: %s" % (seq, problem) for problem in D.problems(payload, DECODER))
+            refused.extend("batch %d: %s" % (seq, problem) for problem in D.problems(msgspec.msgpack.decode(payload)))
         return counts, refused
     finally:
         ctx.destroy(0)
@@ -192,8 +187,8 @@ def test_vllm_0_32_events_are_what_the_epp_decoder_takes():
     seen = []
     for batch in batches:
         payload = bytes.fromhex(batch["payload"])
-        assert D.problems(payload, DECODER) == [], batch["name"]
-        seen.extend(D.tags(payload, DECODER))
+        assert D.problems(msgspec.msgpack.decode(payload)) == [], batch["name"]
+        seen.extend(D.tags(msgspec.msgpack.decode(payload)))
         # vLLM 0.32 sends maps (the form older kv-cache decoders could not read): the check above is about maps.
         assert all(isinstance(ev, dict) for ev in msgspec.msgpack.decode(payload)[1]), batch["name"]
     assert sorted(set(seen)) == ["AllBlocksCleared", "BlockRemoved", "BlockStored"]

@@ -566,3 +566,30 @@ def test_docs_list_every_pin():
     for chart in pins["charts"].values():
         assert chart["version"] in docs
     assert pins["inference_pool_crds"]["version"] in docs
+
+
+# The annotation kubectl-style apply keeps (kubernetes.core.k8s apply: true stores last-applied-configuration) may
+# hold 256 KiB at most (metadata.annotations, apimachinery ValidateAnnotationsSize); the ConfigMap is stored there whole.
+ANNOTATIONS_LIMIT = 256 * 1024
+
+
+@pytest.mark.parametrize("name", all_cases())
+def test_the_verifier_job_carries_every_file_its_tool_imports(rendered, name, tmp_path):
+    """The Job mounts only the ConfigMap's files: they must hold the tool and every module_utils file it loads."""
+    docs = rendered["cases"][name]["manifests"]["cluster_verify"]
+    config = [d for d in docs if d["kind"] == "ConfigMap"][0]
+    job = [d for d in docs if d["kind"] == "Job"][0]
+    items = [v for v in job["spec"]["template"]["spec"]["volumes"] if v["name"] == "code"][0]["configMap"]["items"]
+    for item in items:
+        path = tmp_path / item["path"]
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(config["data"][item["key"]])
+    tool = config["data"]["cluster_verify.py"]
+    names = sorted(set(re.findall(r'module_utils\("(\w+)"\)', tool)))
+    assert "_kv_check" in names and "_kv_index_check" in names
+    code = "import sys; sys.path.insert(0, 'tools'); from _loader import module_utils; [module_utils(n) for n in %r]" % names
+    env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1", PYTHONPATH="")
+    run = __import__("subprocess").run([sys.executable, "-c", code], cwd=str(tmp_path), env=env, capture_output=True, text=True,
+                                       timeout=60, check=False)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert len(json.dumps(config)) < ANNOTATIONS_LIMIT, "the ConfigMap no longer fits the last-applied annotation"

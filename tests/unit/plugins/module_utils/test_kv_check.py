@@ -13,6 +13,7 @@ import json
 import re
 import threading
 
+import msgspec
 import pytest
 import zmq
 
@@ -138,6 +139,38 @@ def test_removed_after_stored(zctx, inproc, publisher):
     assert "no BlockRemoved for a block stored during the check" in exc.msg
 
 
+NO_BLOCK_SIZE = msgspec.msgpack.encode(
+    [1.5, [{"type": "BlockStored", "block_hashes": [1], "parent_block_hash": None, "token_ids": list(range(16)), "medium": "GPU"}], 0])
+
+
+def test_batches_held_against_the_routers_decoder(zctx, inproc, publisher):
+    with publisher(inproc[0], count=4):
+        facts = run(zctx, endpoint=inproc[0], expect={"BlockStored": 4})
+    assert facts["router_decoder"] == {"router_version": "v0.9.0", "decoder": "llm-d-kv-cache v0.9.0 vLLM adapter",
+                                       "checked_batches": facts["batches"], "refused_batches": 0, "first_problem": None}
+    assert facts["batches"] >= 4
+
+
+def test_a_batch_the_router_drops_is_reported_and_fails_when_expected(zctx, inproc, publisher):
+    """This module reads a BlockStored without block_size; the EPP v0.9.0's decoder drops the whole batch."""
+    with publisher(inproc[0], count=3, payload=NO_BLOCK_SIZE):
+        facts = run(zctx, endpoint=inproc[0], expect={"BlockStored": 3})
+    router = facts["router_decoder"]
+    assert router["refused_batches"] == router["checked_batches"] >= 3
+    assert router["first_problem"] == "batch 0 on topic '': event 0 BlockStored.block_size is nil, not an integer"
+    with publisher(inproc[0] + "-again", count=3, payload=NO_BLOCK_SIZE):
+        exc = fail(zctx, endpoint=inproc[0] + "-again", expect={"BlockStored": 3}, expect_router_decodes=True)
+    assert exc.msg.startswith("The llm-d router v0.9.0 would drop 3 of the 3 batches checked (its KV-event decoder, "
+                              "llm-d-kv-cache v0.9.0 vLLM adapter, refuses them"), exc.msg
+    assert exc.msg.endswith("first: batch 0 on topic '': event 0 BlockStored.block_size is nil, not an integer."), exc.msg
+
+
+def test_router_version_none_holds_nothing(zctx, inproc, publisher):
+    with publisher(inproc[0], count=2, payload=NO_BLOCK_SIZE):
+        facts = run(zctx, endpoint=inproc[0], expect={"BlockStored": 2}, router_version="none")
+    assert facts["router_decoder"]["checked_batches"] == 0 and facts["router_decoder"]["decoder"] is None
+
+
 def test_connect_never_completes(zctx, inproc):
     exc = fail(zctx, endpoint=inproc[0], timeout=0.3)
     assert "the connection never completed, so nothing is bound there" in exc.msg
@@ -206,6 +239,9 @@ INVALID = [
     ({"trigger": {"url": "https://x", "client_key": "/k.pem"}}, "trigger.client_key needs trigger.client_cert"),
     ({"trigger": {"url": "https://x", "validate_certs": "no"}}, "trigger.validate_certs must be true or false, got 'no'."),
     ({"trigger": {"url": "https://x", "ca_path": ["a"]}}, "trigger.ca_path must be a file path."),
+    ({"router_version": "v0.10.0"}, "router_version must be one of v0.9.0, none, got 'v0.10.0'."),
+    ({"router_version": "none", "expect_router_decodes": True}, "expect_router_decodes needs a router_version"),
+    ({"expect_router_decodes": "yes"}, "expect_router_decodes must be true or false, got 'yes'."),
     ({"data_parallel_size": 2, "endpoint": "tcp://host"}, "Cannot offset the port"),
 ]
 
