@@ -68,8 +68,8 @@ def main(argv=None):
     printed = [0]
     add = runner.add
 
-    def add_and_print(batch):
-        add(batch)
+    def add_and_print(batch, payload=None):
+        add(batch, payload)
         for line in report.batch_json_lines(batch, args.include_token_ids):
             if args.max and printed[0] >= args.max:
                 return
