@@ -45,7 +45,7 @@ class SocketSetupError(Exception):
 
 
 def offset_endpoint(endpoint, rank):
-    """vLLM ``offset_endpoint_port``: tcp port + rank, ipc/inproc suffix ``_dp<rank>``."""
+    """vLLM ``offset_endpoint_port``: tcp port + rank (a port of 0 is left for the OS), ipc/inproc suffix ``_dp<rank>``."""
     if not rank:
         return endpoint
     if endpoint.startswith(("ipc://", "inproc://")):
@@ -53,6 +53,8 @@ def offset_endpoint(endpoint, rank):
     head, sep, port = endpoint.rpartition(":")
     if not sep or not port.isdigit():
         raise ValueError("cannot offset the port of endpoint %r for data-parallel rank %d" % (endpoint, rank))
+    if int(port) == 0:  # vllm@v0.32.0:vllm/distributed/kv_events.py offset_endpoint_port
+        return endpoint
     return "%s:%d" % (head, int(port) + rank)
 
 

@@ -192,3 +192,15 @@ def test_vllm_0_32_events_are_what_the_epp_decoder_takes():
         # vLLM 0.32 sends maps (the form older kv-cache decoders could not read): the check above is about maps.
         assert all(isinstance(ev, dict) for ev in msgspec.msgpack.decode(payload)[1]), batch["name"]
     assert sorted(set(seen)) == ["AllBlocksCleared", "BlockRemoved", "BlockStored"]
+
+
+def test_data_parallel_endpoints_are_vllms_own():
+    """The endpoints the check subscribes to for rank N are the ones vLLM 0.32's publisher of rank N uses."""
+    _engine_installed()
+    cases = [["tcp://*:5557", 0], ["tcp://*:5557", 3], ["tcp://127.0.0.1:6000", 1], ["tcp://[::1]:7000", 2],
+             ["inproc://kv", 2], ["tcp://*:0", 1]]
+    code = ("import json, sys; from vllm.distributed.kv_events import ZmqEventPublisher as P; "
+            "print(json.dumps([P.offset_endpoint_port(e, r) for e, r in json.loads(sys.argv[1])]))")
+    run = subprocess.run([ENGINE_PYTHON, "-c", code, json.dumps(cases)], capture_output=True, text=True, timeout=300, check=False)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert json.loads(run.stdout.strip().splitlines()[-1]) == [kvz.offset_endpoint(e, r) for e, r in cases]

@@ -333,6 +333,7 @@ def test_stats_facts():
 def test_offset_endpoint():
     assert kvz.offset_endpoint("tcp://*:5557", 0) == "tcp://*:5557"
     assert kvz.offset_endpoint("tcp://*:5557", 2) == "tcp://*:5559"
+    assert kvz.offset_endpoint("tcp://*:0", 2) == "tcp://*:0"   # vLLM leaves a port of 0 to the OS
     assert kvz.offset_endpoint("ipc:///tmp/kv", 1) == "ipc:///tmp/kv_dp1"
     with pytest.raises(ValueError):
         kvz.offset_endpoint("tcp://host", 1)
