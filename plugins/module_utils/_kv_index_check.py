@@ -23,6 +23,7 @@ __metaclass__ = type  # pylint: disable=invalid-name
 import re
 import time
 
+from ._http_args import HTTP_ARG_SPEC, HTTP_RANGES, client_options
 from ._kv_events import KVDecoder, MalformedMessage
 from ._kv_index import KVBlockIndex, predicted_cached_tokens
 from ._kv_index_approx import ApproxPrefixPredictor, block_hashes, effective_block_size
@@ -30,16 +31,16 @@ from ._kv_index_workload import WORKLOAD_SPEC, build as build_workload
 from ._kv_zmq import SocketSetupError, drain_monitor, open_socket, replay, zmq
 from ._openai_http import OpenAIClient, OpenAIHTTPError, cached_tokens, model_ids
 
-ENGINE_SPEC = {
+# Each engine's HTTP connection takes the collection's HTTP options (auth, TLS, proxy, body limit: _http_args).
+ENGINE_SPEC = dict(HTTP_ARG_SPEC, **{
     "name": {"type": "str"},
     "url": {"type": "str", "required": True},
     "endpoint": {"type": "str", "required": True},
     "socket_mode": {"type": "str", "default": "connect", "choices": ["connect", "bind"]},
     "topic": {"type": "str"},
     "replay_endpoint": {"type": "str"},
-    "api_key": {"type": "str", "no_log": True},
     "withhold_after": {"type": "int"},
-}
+})
 EXPECT_SPEC = {
     "min_requests": {"type": "int", "default": 50},
     "min_evictions_per_engine": {"type": "int", "default": 0},
@@ -250,6 +251,7 @@ class KVIndexCheck:
             seen.add(spec["name"])
             if spec.get("withhold_after") is not None and spec["withhold_after"] < 0:
                 self.fail("engines[%d].withhold_after must not be negative." % pos)
+            self._validate_http(pos, spec)
             specs.append(spec)
         for name in ("timeout", "request_timeout"):
             if float(self.params.get(name) or 0) <= 0:
@@ -262,12 +264,26 @@ class KVIndexCheck:
             self.fail("%s%s." % (str(exc)[:1].upper(), str(exc)[1:]))
         return specs
 
+    def _validate_http(self, pos, spec):
+        for name in ("validate_certs", "use_proxy"):
+            if spec.get(name) is not None and not isinstance(spec[name], bool):
+                self.fail("engines[%d].%s must be true or false, got %r." % (pos, name, spec[name]))
+        for name in ("api_key", "ca_path", "client_cert", "client_key"):
+            if spec.get(name) is not None and not isinstance(spec[name], str):
+                self.fail("engines[%d].%s must be a string." % (pos, name))
+        if spec.get("client_key") and not spec.get("client_cert"):
+            self.fail("engines[%d].client_key needs engines[%d].client_cert: a key file alone is no client certificate." % (pos, pos))
+        for name, (low, high) in HTTP_RANGES.items():
+            value = spec.get(name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high):
+                self.fail("engines[%d].%s must be an integer between %d and %d, got %r." % (pos, name, low, high, value))
+
     # -- HTTP -----------------------------------------------------------------------------
     def _client(self, spec):
         base = spec["url"].rstrip("/")
         if base.endswith("/v1"):
             base = base[:-3]
-        return self.client_class(base, api_key=spec.get("api_key"), timeout=float(self.params.get("request_timeout") or 60.0))
+        return self.client_class(base, timeout=float(self.params.get("request_timeout") or 60.0), **client_options(spec))
 
     def discover(self):
         """Model, block size and KV-cache size of every engine (from /v1/models and /metrics)."""

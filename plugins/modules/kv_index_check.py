@@ -73,8 +73,35 @@ options:
             repair gaps.
         type: str
       api_key:
-        description: Bearer token for this engine's server. Never logged.
+        description: "Bearer token for this engine's server, sent as C(Authorization: Bearer ...). Never logged."
         type: str
+      validate_certs:
+        description:
+          - Verify the server's TLS certificate for C(https://) URLs.
+          - Set to V(false) only for a server with a self-signed certificate you trust.
+        type: bool
+        default: true
+      ca_path:
+        description: PEM file of the certificate authorities to trust instead of the system's.
+        type: path
+      client_cert:
+        description:
+          - PEM file of a client certificate for servers that require mutual TLS.
+          - It may contain the private key too; otherwise set O(engines[].client_key).
+        type: path
+      client_key:
+        description: PEM file of the private key of O(engines[].client_cert). Requires O(engines[].client_cert).
+        type: path
+      use_proxy:
+        description: Use the proxy named by the C(http_proxy), C(https_proxy) and C(no_proxy) environment variables.
+        type: bool
+        default: true
+      max_body_bytes:
+        description:
+          - Largest answer read from the server, in bytes. A larger answer fails the module with one sentence.
+          - Between 1024 and 1073741824.
+        type: int
+        default: 16777216
       withhold_after:
         description:
           - Fault injection. Stop reading this engine's events after that many requests of the whole workload, as a

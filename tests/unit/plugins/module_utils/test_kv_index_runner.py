@@ -17,6 +17,7 @@ import os
 import pytest
 
 from ansible_collections.inference_cache.substrate.plugins.module_utils import _kv_index_check as chk
+from ansible_collections.inference_cache.substrate.plugins.module_utils._http_args import HTTP_ARG_SPEC
 from ansible_collections.inference_cache.substrate.tests.unit.plugins.kv_index_fake import FakeEngine
 from ansible_collections.inference_cache.substrate.tests.unit.plugins.net_utils import free_port
 from ansible_collections.inference_cache.substrate.tests.unit.plugins.sentences import assert_one_sentence
@@ -170,6 +171,37 @@ def test_bad_parameters(change, expected):
     ok, exc = run(p)
     assert not ok
     assert expected in assert_one_sentence(exc.msg)
+
+
+@pytest.mark.parametrize("change, expected", [
+    ({"validate_certs": "no"}, "engines[0].validate_certs must be true or false, got 'no'."),
+    ({"client_key": "/k.pem"}, "engines[0].client_key needs engines[0].client_cert"),
+    ({"max_body_bytes": 10}, "engines[0].max_body_bytes must be an integer between 1024 and 1073741824, got 10."),
+    ({"ca_path": ["x"]}, "engines[0].ca_path must be a string."),
+])
+def test_bad_http_options(change, expected):
+    spec = dict({"url": "https://127.0.0.1:1", "endpoint": "tcp://127.0.0.1:1", "topic": "kv@a:1@m"}, **change)
+    ok, exc = run({"engines": [spec], "timeout": 5})
+    assert not ok and expected in assert_one_sentence(exc.msg)
+
+
+def test_engines_use_the_collections_http_options():
+    """TLS, proxy and body limit per engine, with the same names and defaults as prefix_cache_check's."""
+    made = []
+
+    class Client(object):
+        def __init__(self, base_url, timeout=None, **connection):
+            made.append((base_url, timeout, connection))
+            raise chk.OpenAIHTTPError("stop here")
+
+    spec = {"url": "https://10.0.0.5:8443/v1", "endpoint": "tcp://127.0.0.1:1", "topic": "kv@a:1@m", "api_key": "k",
+            "ca_path": "/ca.pem", "validate_certs": True, "use_proxy": False, "max_body_bytes": 2048}
+    with pytest.raises(chk.OpenAIHTTPError):
+        chk.KVIndexCheck({"engines": [spec], "timeout": 5, "request_timeout": 2}, client_class=Client)._client(spec)
+    connection = {"api_key": "k", "validate_certs": True, "ca_path": "/ca.pem", "client_cert": None, "client_key": None,
+                  "use_proxy": False, "max_body_bytes": 2048}
+    assert made == [("https://10.0.0.5:8443", 2.0, connection)]
+    assert all(chk.ENGINE_SPEC[name] == spec for name, spec in HTTP_ARG_SPEC.items())
 
 
 def test_duplicate_names_and_bad_url():
