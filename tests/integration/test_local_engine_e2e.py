@@ -145,7 +145,13 @@ def test_verify_playbook_passes_and_writes_a_report(tmp_path):
     cold = report["kv_events_cold"]
     assert cold["trigger"]["prompt_tokens"] // 32 * 32 <= cold["stored_tokens"] <= (cold["trigger"]["prompt_tokens"] + 4) // 32 * 32
     assert report["prefix_cache"]["hit_tokens"] >= 32
-    assert "PASSED" in (tmp_path / "summary.txt").read_text()
+    # Every batch the real engine published is one the llm-d router v0.9.0's decoder takes (verify requires it).
+    router = cold["router_decoder"]
+    assert router["checked_batches"] >= 1 and router["refused_batches"] == 0 and router["first_problem"] is None
+    summary = (tmp_path / "summary.txt").read_text()
+    assert "PASSED" in summary
+    assert "llm-d router v0.9.0 (llm-d-kv-cache v0.9.0 vLLM adapter): takes %d of the %d batches checked" % (
+        router["checked_batches"], router["checked_batches"]) in summary
     assert "Verification of http://127.0.0.1:8000" in result.stdout
 
 
