@@ -17,6 +17,8 @@ from __future__ import absolute_import, division, print_function
 
 __metaclass__ = type  # pylint: disable=invalid-name
 
+from ._ranges import range_problems
+
 DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024
 
 HTTP_ARG_SPEC = {
@@ -45,3 +47,29 @@ def client_options(params):
         "use_proxy": params.get("use_proxy", True),
         "max_body_bytes": params.get("max_body_bytes") or DEFAULT_MAX_BODY_BYTES,
     }
+
+
+def http_problem(options, where=""):
+    """The first thing wrong with the HTTP options in ``options`` as one sentence (None when they are usable).
+
+    For options that AnsibleModule does not validate: a trigger or an engine given as a plain mapping (the CLIs, the
+    module's fallback after an ansible-core validator crash). ``where`` prefixes the option names, e.g. ``trigger``.
+    """
+    prefix = where + "." if where else ""
+    for name in ("validate_certs", "use_proxy"):
+        value = options.get(name)
+        if value is not None and not isinstance(value, bool):
+            return "%s%s must be true or false, got %r." % (prefix, name, value)
+    for name, kind in (("api_key", "a string"), ("ca_path", "a file path"), ("client_cert", "a file path"), ("client_key", "a file path")):
+        value = options.get(name)
+        if value is not None and not isinstance(value, str):
+            return "%s%s must be %s." % (prefix, name, kind)
+    if options.get("client_key") and not options.get("client_cert"):
+        return "%sclient_key needs %sclient_cert: a key file alone is no client certificate." % (prefix, prefix)
+    for name in sorted(HTTP_RANGES):
+        value = options.get(name)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+            return "%s%s must be an integer, got %r." % (prefix, name, value)
+    problems = range_problems(dict((prefix + name, options.get(name)) for name in HTTP_RANGES),
+                              dict((prefix + name, bounds) for name, bounds in HTTP_RANGES.items()))
+    return problems[0] if problems else None

@@ -23,7 +23,7 @@ __metaclass__ = type  # pylint: disable=invalid-name
 import re
 import time
 
-from ._http_args import HTTP_ARG_SPEC, HTTP_RANGES, client_options
+from ._http_args import HTTP_ARG_SPEC, client_options, http_problem
 from ._kv_events import KVDecoder, MalformedMessage
 from ._kv_index import KVBlockIndex, predicted_cached_tokens
 from ._kv_index_approx import ApproxPrefixPredictor, block_hashes, effective_block_size
@@ -251,7 +251,9 @@ class KVIndexCheck:
             seen.add(spec["name"])
             if spec.get("withhold_after") is not None and spec["withhold_after"] < 0:
                 self.fail("engines[%d].withhold_after must not be negative." % pos)
-            self._validate_http(pos, spec)
+            problem = http_problem(spec, "engines[%d]" % pos)
+            if problem:
+                self.fail(problem)
             specs.append(spec)
         for name in ("timeout", "request_timeout"):
             if float(self.params.get(name) or 0) <= 0:
@@ -263,20 +265,6 @@ class KVIndexCheck:
         except ValueError as exc:
             self.fail("%s%s." % (str(exc)[:1].upper(), str(exc)[1:]))
         return specs
-
-    def _validate_http(self, pos, spec):
-        for name in ("validate_certs", "use_proxy"):
-            if spec.get(name) is not None and not isinstance(spec[name], bool):
-                self.fail("engines[%d].%s must be true or false, got %r." % (pos, name, spec[name]))
-        for name in ("api_key", "ca_path", "client_cert", "client_key"):
-            if spec.get(name) is not None and not isinstance(spec[name], str):
-                self.fail("engines[%d].%s must be a string." % (pos, name))
-        if spec.get("client_key") and not spec.get("client_cert"):
-            self.fail("engines[%d].client_key needs engines[%d].client_cert: a key file alone is no client certificate." % (pos, pos))
-        for name, (low, high) in HTTP_RANGES.items():
-            value = spec.get(name)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high):
-                self.fail("engines[%d].%s must be an integer between %d and %d, got %r." % (pos, name, low, high, value))
 
     # -- HTTP -----------------------------------------------------------------------------
     def _client(self, spec):

@@ -176,8 +176,10 @@ def test_bad_parameters(change, expected):
 @pytest.mark.parametrize("change, expected", [
     ({"validate_certs": "no"}, "engines[0].validate_certs must be true or false, got 'no'."),
     ({"client_key": "/k.pem"}, "engines[0].client_key needs engines[0].client_cert"),
-    ({"max_body_bytes": 10}, "engines[0].max_body_bytes must be an integer between 1024 and 1073741824, got 10."),
-    ({"ca_path": ["x"]}, "engines[0].ca_path must be a string."),
+    ({"max_body_bytes": 10}, "engines[0].max_body_bytes must be between 1024 and 1073741824, got 10."),
+    ({"max_body_bytes": 2048.5}, "engines[0].max_body_bytes must be an integer, got 2048.5."),
+    ({"ca_path": ["x"]}, "engines[0].ca_path must be a file path."),
+    ({"api_key": 3}, "engines[0].api_key must be a string."),
 ])
 def test_bad_http_options(change, expected):
     spec = dict({"url": "https://127.0.0.1:1", "endpoint": "tcp://127.0.0.1:1", "topic": "kv@a:1@m"}, **change)
