@@ -13,22 +13,17 @@ from __future__ import absolute_import, division, print_function
 
 __metaclass__ = type  # pylint: disable=invalid-name
 
-import os
 import socket
 import ssl
-import subprocess
 import threading
+
+from ansible_collections.inference_cache.substrate.tests.unit.plugins.http_server import tls_server_context
 
 
 class TLSProxy:
     def __init__(self, target_port, folder, target_host="127.0.0.1"):
         self.target = (target_host, target_port)
-        self.cert, key = os.path.join(str(folder), "cert.pem"), os.path.join(str(folder), "key.pem")
-        subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=127.0.0.1",
-                        "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", key, "-out", self.cert],
-                       check=True, capture_output=True)
-        self.context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-        self.context.load_cert_chain(self.cert, key)
+        self.context, self.cert = tls_server_context(folder)
         self.listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self.listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self.listener.bind(("127.0.0.1", 0))

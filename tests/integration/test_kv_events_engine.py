@@ -186,11 +186,11 @@ def test_vllm_0_32_events_are_what_the_epp_decoder_takes():
     batches = json.loads(run.stdout.strip().splitlines()[-1])
     seen = []
     for batch in batches:
-        payload = bytes.fromhex(batch["payload"])
-        assert D.problems(msgspec.msgpack.decode(payload)) == [], batch["name"]
-        seen.extend(D.tags(msgspec.msgpack.decode(payload)))
+        decoded = msgspec.msgpack.decode(bytes.fromhex(batch["payload"]))
+        assert D.problems(decoded) == [], batch["name"]
+        seen.extend(D.tags(decoded))
         # vLLM 0.32 sends maps (the form older kv-cache decoders could not read): the check above is about maps.
-        assert all(isinstance(ev, dict) for ev in msgspec.msgpack.decode(payload)[1]), batch["name"]
+        assert all(isinstance(ev, dict) for ev in decoded[1]), batch["name"]
     assert sorted(set(seen)) == ["AllBlocksCleared", "BlockRemoved", "BlockStored"]
 
 

@@ -101,10 +101,10 @@ def sse(*chunks):
     return lines
 
 
-def tls_scripted_server(folder):
-    """A ScriptedServer behind TLS with a self-signed certificate for 127.0.0.1 (made with openssl in ``folder``).
+def tls_server_context(folder):
+    """A TLS server context with a self-signed certificate for 127.0.0.1, made with openssl in ``folder``.
 
-    Returns ``(server, cert_path)``; the server is not started. The certificate is its own authority (``ca_path``).
+    Returns ``(context, cert_path)``; the certificate is its own authority (``ca_path``).
     """
     import ssl  # pylint: disable=import-outside-toplevel
     import subprocess  # pylint: disable=import-outside-toplevel
@@ -112,9 +112,15 @@ def tls_scripted_server(folder):
     subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=127.0.0.1",
                     "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", key, "-out", cert],
                    check=True, capture_output=True)
-    srv = ScriptedServer()
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.load_cert_chain(cert, key)
+    return context, cert
+
+
+def tls_scripted_server(folder):
+    """A ScriptedServer behind TLS (``tls_server_context``). Returns ``(server, cert_path)``; the server is not started."""
+    srv = ScriptedServer()
+    context, cert = tls_server_context(folder)
     # pylint: disable=protected-access
     srv._httpd.socket = context.wrap_socket(srv._httpd.socket, server_side=True)
     srv.url = srv.url.replace("http://", "https://")
