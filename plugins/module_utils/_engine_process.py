@@ -327,7 +327,13 @@ class EngineService(object):
         fcntl.flock(handle, fcntl.LOCK_EX)
         return handle
 
+    def _never_ran(self):
+        """True when the instance's folder does not exist: no engine of it can run, and nothing is to be written."""
+        return not os.path.isdir(os.path.dirname(os.path.abspath(self.files.pidfile)))
+
     def ensure_stopped(self, timeout):
+        if self._never_ran():
+            return {"changed": False, "state": "stopped", "stopped_pids": [], "foreign": None}
         with self._lock():
             current = status(self.files)
             result = {"changed": False, "state": "stopped", "stopped_pids": [], "foreign": current["foreign"]}
@@ -347,6 +353,11 @@ class EngineService(object):
             return result
 
     def ensure_started(self, checksum, health_url, host, ports, start_timeout, stop_timeout):
+        if self._never_ran():
+            if not self.check_mode:
+                raise EngineProcessError("The launcher %s is missing or not executable." % self.files.launcher)
+            return {"changed": True, "state": "started", "started": True, "restarted": False, "foreign": None,
+                    "pid": None, "pids": [], "rss_kib": 0, "start_seconds": None}
         with self._lock():
             current = status(self.files)
             if current["running"] and current["checksum"] == checksum:

@@ -288,3 +288,41 @@ def test_module_starts_once_and_stops(tmp_path, unrelated):
         pid = ep.status(ep.EngineFiles(files["pidfile"], files["runfile"]))["pid"]
         if pid:
             os.killpg(pid, signal.SIGKILL)
+
+
+def test_an_instance_that_never_ran_stops_as_ok(tmp_path):
+    """A fresh machine: the instance's folder does not exist. Stopping is a no-op and writes nothing; a check-mode
+    start reports what it would do; a real start names the missing launcher."""
+    run_dir = tmp_path / "state" / "run" / "never"
+    files = ep.EngineFiles(str(run_dir / "engine.pid"), str(run_dir / "engine.run"), log=str(run_dir / "engine.log"),
+                           launcher=str(run_dir / "engine.sh"))
+    assert ep.EngineService(files, lambda url: True).ensure_stopped(5) == {
+        "changed": False, "state": "stopped", "stopped_pids": [], "foreign": None}
+    assert ep.EngineService(files, lambda url: True, check_mode=True).ensure_stopped(5)["changed"] is False
+    checked = ep.EngineService(files, lambda url: True, check_mode=True).ensure_started("abc", "http://127.0.0.1:9/", "127.0.0.1", [], 5, 5)
+    assert checked["changed"] and checked["pid"] is None
+    with pytest.raises(ep.EngineProcessError) as info:
+        ep.EngineService(files, lambda url: True).ensure_started("abc", "http://127.0.0.1:9/", "127.0.0.1", [], 5, 5)
+    assert str(info.value) == "The launcher %s is missing or not executable." % files.launcher
+    assert not (tmp_path / "state").exists()
+    rc, stopped = _module(state="stopped", pidfile=files.pidfile, runfile=files.runfile)
+    assert rc == 0 and stopped["changed"] is False
+    rc, checked = _module(check=True, state="stopped", pidfile=files.pidfile, runfile=files.runfile)
+    assert rc == 0 and checked["changed"] is False
+    assert not (tmp_path / "state").exists()
+
+
+@pytest.mark.parametrize("playbook, extra", [("teardown.yml", []), ("kv_index.yml", ["-e", "kv_index_state=absent"])])
+def test_stopping_on_a_fresh_machine_is_ok(tmp_path, playbook, extra):
+    """Teardown and kv_index's absent state on a machine where nothing ever ran (an empty HOME): ok, changed=0,
+    and no state folder is made for an engine that never existed."""
+    home = tmp_path / "home"
+    home.mkdir()
+    env = dict(ENV, HOME=str(home), ANSIBLE_LOCAL_TEMP=str(tmp_path / "tmp"), ANSIBLE_CALLBACK_RESULT_FORMAT="yaml",
+               ANSIBLE_COLLECTIONS_PATH=os.path.join(ROOT, ".cache", "collections"))
+    run = subprocess.run([os.path.join(BIN, "ansible-playbook"), "-i", "inventories/local", "playbooks/" + playbook]
+                         + extra, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300, check=False)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]
+    recap = [line for line in run.stdout.splitlines() if line.startswith("localhost")]
+    assert recap and " changed=0 " in recap[-1] and " failed=0 " in recap[-1], run.stdout[-3000:]
+    assert not (home / ".cache" / "inference_cache" / "local_engine" / "run").exists()
