@@ -20,8 +20,12 @@ and once, through the router (checks in ROUTER_CHECKS):
 
 * routed_prefix: a cold and a warm request sharing a long prefix sent to the router's URL (--router-url, the
   proxy beside the EPP), never to a pod. The engine pod that served the repeated prefix must report the hit
-  (its prefix-cache hit counter moves by at least one block); with --epp-metrics-url, the EPP's KV-block index
-  must have admitted blocks (KV events ingested) and, in precise mode, found the prefix on lookup.
+  (its prefix-cache hit counter moves by at least one block). With --epp-metrics-url, the EPP's own evidence
+  (epp_evidence in the report): in precise mode its KV-block index admitted blocks (KV events ingested) and found
+  the prefix on lookup; with --speculative-indexing those counters also move at routing time, so only a lookup hit
+  after the speculative entries expired (the warm request waits out --speculative-ttl) counts as KV-event evidence;
+  in approximate mode (P/D included) the EPP consumes no KV events and the approximate producer's prefix indexer
+  must have recorded both requests and matched the prefix.
 
 Prints one JSON document (per-pod results, then the router's) on stdout; exit status 0 when every check passed
 and at least --expect-pods pods were found, 1 otherwise, 2 on a usage or environment error. A new per-pod check
@@ -64,7 +68,12 @@ def parse_args(argv):
     parser.add_argument("--router-url", default="", help="the router's OpenAI URL (routed_prefix), e.g. http://<release>-epp.<ns>:8081")
     parser.add_argument("--epp-metrics-url", default="", help="the EPP's metrics page (routed_prefix), e.g. http://<release>-epp.<ns>:9090/metrics")
     parser.add_argument("--scoring-mode", default="precise", choices=["precise", "approximate"],
-                        help="precise: the EPP's index must also find the repeated prefix on lookup")
+                        help="precise: the EPP's KV-block index must admit the KV events and find the repeated prefix on lookup; "
+                             "approximate: the approximate producer's prefix indexer must match it")
+    parser.add_argument("--speculative-indexing", action="store_true",
+                        help="precise mode with speculativeIndexing: the index counters also move at routing time")
+    parser.add_argument("--speculative-ttl", default="2s",
+                        help="the precise producer's speculativeTTL (Go duration, v0.9.0 default 2s); the warm request waits it out")
     parser.add_argument("--prefix-words", type=int, default=400, help="words of shared prefix in routed_prefix")
     parser.add_argument("--settle", type=float, default=2.0, help="seconds between the cold and the warm request (events reach the EPP)")
     parser.add_argument("--timeout", type=float, default=60.0, help="seconds per check and pod")
@@ -125,11 +134,39 @@ def check_prefix_cache(ip, args):
             "hit_tokens": result.get("hit_tokens"), "expected_hit_tokens": result.get("expected_hit_tokens")}
 
 
-# The EPP's KV-block index counters (indexerConfig.kvBlockIndexConfig.enableMetrics). llm-d-kv-cache@7be76e1 (the
-# newest commit read before v0.9.0, pkg/kvcache/metrics/collector.go) names them kvcache_index_*; the router's own
-# copy after v0.9.0 names them llm_d_epp_kv_cache_index_*. Either is accepted, the first found wins.
+# The EPP's KV-block index counters (indexerConfig.kvBlockIndexConfig.enableMetrics), registered only by the precise
+# producer's index. llm-d-kv-cache@7be76e1 (the newest commit read before v0.9.0, pkg/kvcache/metrics/collector.go,
+# counted in pkg/kvcache/kvblock/instrumented_index.go) names them kvcache_index_*; the router's own copy after v0.9.0
+# names them llm_d_epp_kv_cache_index_*. Either is accepted, the first found wins.
 EPP_ADMISSIONS = ("kvcache_index_admissions_total", "llm_d_epp_kv_cache_index_admissions_total")
 EPP_LOOKUP_HITS = ("kvcache_index_lookup_hits_total", "llm_d_epp_kv_cache_index_lookup_hits_total")
+# Approximate mode: the approximate producer (the default producer of prefix-cache-scorer, llm-d-router@v0.9.0:
+# cmd/epp/runner/runner.go) observes, once per routed request, the bytes of the prompt that matched the picked pod
+# (pkg/epp/framework/plugins/requestcontrol/dataproducer/approximateprefix/metrics.go and plugin.go PreRequest), as a
+# histogram under its name and a deprecated one. It registers no kvcache_index_* counter.
+EPP_APPROX_HIT_BYTES = ("llm_d_epp_prefix_indexer_hit_bytes", "inference_extension_prefix_indexer_hit_bytes")
+# Seconds beyond speculativeTTL before the warm request: the TTL cache evicts on its own timer (prerequest.go).
+SPECULATIVE_MARGIN = 1.0
+_GO_UNITS = (("ns", 1e-9), ("us", 1e-6), ("\u00b5s", 1e-6), ("ms", 1e-3), ("s", 1.0), ("m", 60.0), ("h", 3600.0))
+
+
+def parse_go_duration(text):
+    """Seconds of a Go duration string (``2s``, ``500ms``, ``1m30s``); ValueError when it is not one."""
+    rest, total = str(text).strip(), 0.0
+    if rest == "0":
+        return 0.0
+    if not rest:
+        raise ValueError("empty duration")
+    while rest:
+        number = ""
+        while rest and (rest[0].isdigit() or rest[0] == "."):
+            number, rest = number + rest[0], rest[1:]
+        unit = next((u for u, _f in sorted(_GO_UNITS, key=lambda x: -len(x[0])) if rest.startswith(u)), None)
+        if not number or unit is None:
+            raise ValueError("not a Go duration: %r" % text)
+        total += float(number) * dict(_GO_UNITS)[unit]
+        rest = rest[len(unit):]
+    return total
 
 
 def make_client(base_url, timeout):
@@ -154,12 +191,95 @@ def _complete(router, model, prompt):
     return router.post_json("/v1/completions", {"model": model, "prompt": prompt, "max_tokens": 1, "temperature": 0})
 
 
+def _moved(after, before, name):
+    return int(round(after.get(name, 0.0) - before.get(name, 0.0))) if name else 0
+
+
+def _speculative_wait(args):
+    """(seconds the warm request waits, speculativeTTL in seconds or None): past the TTL when that fits in --timeout."""
+    if args.scoring_mode != "precise" or not args.speculative_indexing:
+        return args.settle, None
+    ttl = parse_go_duration(args.speculative_ttl)
+    if ttl + SPECULATIVE_MARGIN > args.timeout:
+        return args.settle, ttl
+    return max(args.settle, ttl + SPECULATIVE_MARGIN), ttl
+
+
+def _approximate_evidence(args, before, mid, after):
+    """Approximate mode: the approximate producer recorded both routed requests and matched the warm one's prefix."""
+    name = _first(after, tuple(n + "_count" for n in EPP_APPROX_HIT_BYTES))
+    if name is None:
+        return {"ok": False, "msg": "The EPP's metrics page has no approximate prefix indexer metric (%s): the approximate producer "
+                                    "behind prefix-cache-scorer did not record the routed requests." % " or ".join(EPP_APPROX_HIT_BYTES)}
+    total = name[:-len("_count")] + "_sum"
+    recorded, matched = _moved(after, before, name), _moved(after, mid, total)
+    facts = {"epp_evidence": "approximate_indexer", "kv_events": "not consumed in approximate mode",
+             "epp_prefix_lookups": recorded, "epp_prefix_match_bytes": matched}
+    if recorded < 2:
+        facts.update(ok=False, msg="The EPP's approximate prefix indexer recorded %d of the 2 requests sent through the router "
+                                   "(%s), so it did not score them." % (recorded, name))
+    elif matched <= 0:
+        facts.update(ok=False, msg="The EPP's approximate prefix indexer matched none of the repeated prefix on the pod it picked "
+                                   "for the warm request (%s did not move), so prefix-aware scoring did not see it." % total)
+    else:
+        facts.update(ok=True, note="approximate mode: the EPP consumes no KV events; its approximate prefix indexer matched "
+                                   "about %d bytes of the repeated prefix" % matched)
+    return facts
+
+
+def _precise_evidence(args, before, mid, after, ttl, waited):
+    """Precise mode: the KV-block index ingested the engines' KV events and found the prefix on lookup."""
+    admissions = _first(after, EPP_ADMISSIONS)
+    if admissions is None:
+        return {"ok": False, "msg": "The EPP's metrics page has no KV-block index counter (%s): enableMetrics is off or the "
+                                    "index is not running." % " or ".join(EPP_ADMISSIONS)}
+    lookups = _first(after, EPP_LOOKUP_HITS)
+    # Lookup hits of the warm request alone (read between the two requests).
+    facts = {"epp_admissions": _moved(after, before, admissions), "epp_lookup_hits": _moved(after, mid, lookups)}
+    if not args.speculative_indexing:
+        facts["epp_evidence"] = "kv_events"
+        if facts["epp_admissions"] <= 0:
+            facts.update(ok=False, msg="The EPP's KV-block index admitted no block while the engines cached the prefix: it ingested "
+                                       "no KV events.")
+        elif facts["epp_lookup_hits"] <= 0:
+            facts.update(ok=False, msg="The EPP's KV-block index found no block of the repeated prefix on lookup, so precise scoring "
+                                       "did not see it.")
+        else:
+            facts.update(ok=True, note="the EPP admitted %d KV blocks and found %d of the prefix on lookup"
+                                       % (facts["epp_admissions"], facts["epp_lookup_hits"]))
+        return facts
+    # Speculative indexing adds index entries (and admissions, lookup hits) at routing time, with no KV event
+    # (llm-d-router@v0.9.0 .../preciseprefixcache/prerequest.go PreRequest -> Index.Add); no counter tells the two apart.
+    # Its entries are evicted after speculativeTTL, and only they (PodEntry.Speculative), so a lookup hit of a warm
+    # request sent after the TTL comes from entries the KV events made.
+    facts["epp_admissions_note"] = "moves at routing time with speculative indexing: no evidence of KV events"
+    if waited < ttl + SPECULATIVE_MARGIN:
+        facts.update(ok=True, epp_evidence="not_provable", kv_events="not provable",
+                     note="whether KV events reached the EPP is not provable: with speculative indexing its index counters move at "
+                          "routing time, and speculativeTTL (%s) is longer than the check timeout (%gs) the warm request could "
+                          "wait" % (args.speculative_ttl, args.timeout))
+    elif facts["epp_lookup_hits"] <= 0:
+        facts.update(ok=False, epp_evidence="kv_events_after_speculative_ttl",
+                     msg="The EPP's KV-block index found no block of the repeated prefix once its speculative entries had expired "
+                         "(speculativeTTL %s): no KV event from the engines reached it (with speculative indexing its admissions "
+                         "move at routing time and prove nothing)." % args.speculative_ttl)
+    else:
+        facts.update(ok=True, epp_evidence="kv_events_after_speculative_ttl",
+                     note="after its speculative entries expired (speculativeTTL %s) the EPP's index still found %d blocks of the "
+                          "prefix, entries only KV events make" % (args.speculative_ttl, facts["epp_lookup_hits"]))
+    return facts
+
+
 def check_routed_prefix(ips, args):
     """Cold and warm request through the router; the pod that served the repeated prefix reports the hit."""
     http = module_utils("_openai_http")
     prefix = module_utils("_prefix_cache")
     if not args.router_url:
         return {"ok": False, "msg": "routed_prefix needs --router-url (the router's OpenAI URL)."}
+    try:
+        wait, ttl = _speculative_wait(args)
+    except ValueError:
+        return {"ok": False, "msg": "--speculative-ttl %s is not a Go duration (e.g. 2s, 500ms)." % args.speculative_ttl}
     engine_urls = dict((ip, "http://%s:%d/metrics" % (_host(ip), args.http_port)) for ip in ips)
     router = make_client(args.router_url, args.timeout)
     try:
@@ -168,7 +288,8 @@ def check_routed_prefix(ips, args):
         epp_before = read_metrics(args.epp_metrics_url, args.timeout) if args.epp_metrics_url else None
         shared = prefix.make_nonce() + " " + prefix.filler(args.prefix_words, seed=7)
         _complete(router, model, shared + " cold")
-        time.sleep(args.settle)
+        time.sleep(wait)
+        epp_mid = read_metrics(args.epp_metrics_url, args.timeout) if args.epp_metrics_url else None
         _complete(router, model, shared + " warm")
         time.sleep(args.settle)
         after = dict((ip, read_metrics(url, args.timeout)) for ip, url in engine_urls.items())
@@ -190,28 +311,19 @@ def check_routed_prefix(ips, args):
         result.update(ok=False, msg=("No engine pod reported a prefix-cache hit of at least one block (%d tokens) for the prefix "
                                      "repeated through the router: the warm request did not reach the pod that cached it." % block))
         return result
+    note = ""
     if epp_after is not None:
-        admissions = _first(epp_after, EPP_ADMISSIONS)
-        if admissions is None:
-            result.update(ok=False, msg="The EPP's metrics page has no KV-block index counter (%s): enableMetrics is off or the "
-                                        "index is not running." % " or ".join(EPP_ADMISSIONS))
+        if args.scoring_mode == "approximate":
+            evidence = _approximate_evidence(args, epp_before, epp_mid, epp_after)
+        else:
+            evidence = _precise_evidence(args, epp_before, epp_mid, epp_after, ttl, wait)
+        ok, msg, note = evidence.pop("ok"), evidence.pop("msg", ""), evidence.pop("note", "")
+        result.update(evidence)
+        if not ok:
+            result.update(ok=False, msg=msg)
             return result
-        admitted = int(round(epp_after[admissions] - epp_before.get(admissions, 0.0)))
-        result["epp_admissions"] = admitted
-        if admitted <= 0:
-            result.update(ok=False, msg="The EPP's KV-block index admitted no block while the engines cached the prefix: it "
-                                        "ingested no KV events.")
-            return result
-        lookups = _first(epp_after, EPP_LOOKUP_HITS)
-        looked_up = int(round(epp_after.get(lookups, 0.0) - epp_before.get(lookups, 0.0))) if lookups else 0
-        result["epp_lookup_hits"] = looked_up
-        if args.scoring_mode == "precise" and looked_up <= 0:
-            result.update(ok=False, msg="The EPP's KV-block index found no block of the repeated prefix on lookup, so precise "
-                                        "scoring did not see it.")
-            return result
-    epp_part = (", and the EPP admitted %d KV blocks" % result["epp_admissions"]) if "epp_admissions" in result else ""
     result.update(ok=True, msg="The repeated prefix sent through the router hit the cache of pod %s (%d tokens)%s."
-                  % (served[0], hits[served[0]], epp_part))
+                  % (served[0], hits[served[0]], "; " + note if note else ""))
     return result
 
 

@@ -50,7 +50,11 @@ DIGESTS = {
     "nvidia_device_plugin_smoke_image": image("cuda_sample"),
     "model_server_pd_sidecar_image": image("pd_sidecar"),
 }
-PROFILE_IMAGE = {"vllm_cpu": image("vllm_cpu"), "vllm_lmcache": image("vllm_lmcache"), "sglang_lmcache": image("sglang")}
+# sglang_lmcache needs an image built from the SGLang one with LMCache added (the upstream image is refused); P/D on the
+# vLLM CPU profile needs an image built with nixl (the upstream CPU image is refused).
+SGLANG_LMCACHE_IMAGE = "registry.example.com/inference-cache/sglang-lmcache:v0.5.12-lmcache0.3.15@" + fake_digest("sglang-lmcache")
+VLLM_CPU_NIXL_IMAGE = "registry.example.com/inference-cache/vllm-cpu-nixl:v0.32.0@" + fake_digest("vllm-cpu-nixl")
+PROFILE_IMAGE = {"vllm_cpu": image("vllm_cpu"), "vllm_lmcache": image("vllm_lmcache"), "sglang_lmcache": SGLANG_LMCACHE_IMAGE}
 USER_KV_CONFIG = '{"enable_kv_cache_events":true,"publisher":"zmq","endpoint":"tcp://*:5557","topic":"kv@user-topic"}'
 
 
@@ -98,6 +102,7 @@ CASES = {
     "cpu-approximate-nodeport": case("vllm_cpu", "approximate", "NodePort"),
     "cpu-precise-loadbalancer": case("vllm_cpu", "precise", "LoadBalancer"),
     "cpu-precise-kv-nodeport": case("vllm_cpu", "precise", "NodePort", model_server_kv_events_node_port_enabled=True,
+                                    model_server_kv_events_node_port_source_cidrs=["172.18.0.0/16"],
                                     kind_cluster_zmq_node_port_enabled=True),
     "cpu-user-kv-config": case("vllm_cpu", "approximate", "ClusterIP",
                                model_server_extra_args=["--kv-events-config", USER_KV_CONFIG, "--enable-prompt-tokens-details"]),
@@ -115,7 +120,8 @@ CASES = {
                                   router_engine=PD_ENGINES),
     # issue 12: model_server deploys the prefill and decode groups and publishes pd_roles to the router.
     "cpu-pd-engines": case("vllm_cpu", "approximate", "ClusterIP", router_disaggregation=True, model_server_disaggregation=True,
-                           model_server_prefill_replicas=1, model_server_decode_replicas=2),
+                           model_server_prefill_replicas=1, model_server_decode_replicas=2,
+                           model_server_image=VLLM_CPU_NIXL_IMAGE, model_server_pd_image_has_nixl=True),
     "gpu-pd-engines-lmcache": case("vllm_lmcache", "approximate", "ClusterIP", router_disaggregation=True,
                                    model_server_disaggregation=True),
     "cpu-epp-mirror": case("vllm_cpu", "approximate", "ClusterIP", router_epp_image="", router_epp_image_registry="mirror.example.com/llm-d",
@@ -145,7 +151,7 @@ NEGATIVE = {
                               "would be open to every pod"),
     "neg-node-port-no-cidrs": (case("vllm_cpu", "precise", "NodePort", model_server_kv_events_node_port_enabled=True,
                                     model_server_kv_events_node_port_source_cidrs=[]),
-                               "would be open to every pod"),
+                               "name the networks allowed to reach it in model_server_kv_events_node_port_source_cidrs"),
     "neg-sglang-lmcache-too-new": (case("sglang_lmcache", "precise", "ClusterIP", model_server_lmcache_version="0.5.6"),
                                    "SGLang 0.5.12 builds its LMCache connector without config_file"),
     "neg-gateway-without-provider": (case("vllm_cpu", "precise", "ClusterIP", router_chart="gateway"),

@@ -239,7 +239,10 @@ def test_precise_token_source_answers(rendered, name):
     tokenizer = case["router_values"]["router"]["tokenizer"]
     if tokenizer["enabled"]:
         assert url == "http://localhost:8000", "the token-producer calls the render sidecar in its own pod"
-        assert tokenizer["modelName"] == producer["parameters"]["modelName"]
+        # The sidecar loads the engines' model and answers to the served name the token-producer sends.
+        model = R.CASES[name].get("model_server_model", "Qwen/Qwen3-0.6B")  # the role's default model id
+        assert tokenizer["args"][0] == tokenizer["modelName"] == model
+        assert "--served-model-name=%s" % producer["parameters"]["modelName"] in tokenizer["args"]
     else:
         assert case["engine"]["engine_type"] == "vllm", "SGLang engines serve no render endpoint: the sidecar is required"
         assert url.startswith("http://model-server.inference-cache.svc.cluster.local:8000")
