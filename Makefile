@@ -8,7 +8,7 @@ export ANSIBLE_FORCE_COLOR := 0
 export PY_COLORS := 0
 export NO_COLOR := 1
 
-.PHONY: help setup site verify teardown render kubernetes test sanity units pytest integration engine lint molecule molecule-destroy build changelog argspecs bench freeze clean
+.PHONY: help setup site verify teardown render kubernetes test sanity units pytest integration engine lint molecule molecule-destroy build changelog argspecs bench bench-routing freeze clean
 
 help:  ## List the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-17s %s\n", $$1, $$2}'
@@ -45,7 +45,7 @@ units: setup  ## ansible-test units on a staged copy (no Docker)
 # pytest with skip reasons and the slowest tests listed; with the real engine started when none runs, and required.
 PYTEST := $(BIN)/pytest -rs --durations=10
 PYTEST_ENGINE := LOCAL_ENGINE_START=1 LOCAL_ENGINE_REQUIRED=1 $(PYTEST)
-ENGINE_TESTS := tests/integration/test_local_engine_e2e.py tests/integration/test_kv_events_engine.py
+ENGINE_TESTS := tests/integration/test_local_engine_e2e.py tests/integration/test_kv_events_engine.py tests/integration/test_rendered_engine_commands.py
 
 pytest: setup  ## pytest, all of it: what `units`, `integration` and `engine` run (one engine run at a time)
 	$(PYTEST_ENGINE) tests/unit tests/integration
@@ -78,6 +78,21 @@ argspecs: setup  ## meta/argument_specs.yml of every role matches its defaults/m
 
 bench: setup  ## Benchmarks (print numbers; not part of `make test`)
 	@for b in benchmarks/bench_*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
+
+# Two engines of playbooks/kv_index.yml on ports of their own (not those of `make test`: 8000, 8300-8301, 5557-5558, 5700-5703).
+BENCH_ROUTING_ENGINES := -e '{"kv_index_engines": [{"instance": "bench-a", "port": 8400, "kv_events_port": 5800, "replay_port": 5801}, {"instance": "bench-b", "port": 8401, "kv_events_port": 5802, "replay_port": 5803}]}'
+
+bench-routing: setup  ## Routing policies (precise, approximate, load-only, random) on two real engines, started on 8400-8401 and stopped at the end (ARGS: more options)
+	@rc=0; stop() { $(BIN)/ansible-playbook playbooks/kv_index.yml $(BENCH_ROUTING_ENGINES) -e kv_index_state=absent || { [ $$rc != 0 ] || rc=1; }; }; \
+	trap 'stop; exit $$rc' EXIT; trap 'rc=130; exit' INT TERM; \
+	$(BIN)/ansible-playbook playbooks/kv_index.yml $(BENCH_ROUTING_ENGINES) -e kv_index_run_check=false || { rc=$$?; exit; }; \
+	$(BIN)/python benchmarks/bench_routing.py --require $(ARGS) || rc=$$?
+
+# The first build fetches github.com/llm-d/llm-d-kv-cache v0.9.0 and its modules through the Go module proxy (go.sum pins them).
+.PHONY: kvcache-probe
+kvcache-probe:  ## Build tools/kvcache_probe (llm-d-kv-cache v0.9.0's own KV-event pool, vLLM adapter and index) into .cache/bin
+	@mkdir -p .cache/bin
+	cd tools/kvcache_probe && go build -trimpath -buildvcs=false -o $(CURDIR)/.cache/bin/kvcache_probe .
 
 freeze:  ## Re-pin requirements-dev.txt from the current .venv
 	{ echo "# Pinned development toolchain (controller). Regenerate with: make freeze"; $(BIN)/pip freeze | grep -v '^pip=='; } > requirements-dev.txt
