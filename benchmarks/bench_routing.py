@@ -274,7 +274,9 @@ class RoutingBench(check.KVIndexCheck):
             hits += after[name]["vllm:prefix_cache_hits_total"] - before[name]["vllm:prefix_cache_hits_total"]
             queries += after[name]["vllm:prefix_cache_queries_total"] - before[name]["vllm:prefix_cache_queries_total"]
         some_cached = [r for r in recs if r["best"] > 0]
-        ms = lambda values, pct: round(1000.0 * percentile(values, pct), 1) if values else None  # noqa: E731
+        def ms(values, pct):
+            return round(1000.0 * percentile(values, pct), 1) if values else None
+
         ttfts = [r["ttft"] for r in recs]
         latencies = [r["latency"] for r in recs]
         return {

@@ -385,9 +385,9 @@ def test_rendered_vllm_commands_are_accepted(commands, checked, name):  # pylint
         kv_arg = arg_value(argv, "--kv-events-config")
         if kv_arg:
             for key, value in json.loads(kv_arg).items():
-                if (facts["kv_events_config"] or {}).get(key) != value:
-                    problems.append("%s: --kv-events-config %s=%r became %r" % (entry["id"], key, value,
-                                                                                 (facts["kv_events_config"] or {}).get(key)))
+                got = (facts["kv_events_config"] or {}).get(key)
+                if got != value:
+                    problems.append("%s: --kv-events-config %s=%r became %r" % (entry["id"], key, value, got))
         transfer_arg = arg_value(argv, "--kv-transfer-config")
         if transfer_arg:
             transfer = json.loads(transfer_arg)
