@@ -274,6 +274,7 @@ class RoutingBench(check.KVIndexCheck):
             hits += after[name]["vllm:prefix_cache_hits_total"] - before[name]["vllm:prefix_cache_hits_total"]
             queries += after[name]["vllm:prefix_cache_queries_total"] - before[name]["vllm:prefix_cache_queries_total"]
         some_cached = [r for r in recs if r["best"] > 0]
+
         def ms(values, pct):
             return round(1000.0 * percentile(values, pct), 1) if values else None
 
