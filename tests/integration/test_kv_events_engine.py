@@ -30,6 +30,7 @@ import fcntl
 import json
 import os
 import subprocess
+import sys
 import threading
 import time
 import urllib.request
@@ -44,11 +45,10 @@ from ansible_collections.inference_cache.substrate.plugins.module_utils import _
 
 from ansible_collections.inference_cache.substrate.plugins.module_utils import _epp_decoder as D
 
-ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
-PLAYBOOK = os.path.join(ROOT, ".venv", "bin", "ansible-playbook")
-STATE_DIR = os.path.expanduser("~/.cache/inference_cache/local_engine")
-ENGINE_PYTHON = os.path.join(STATE_DIR, "venv", "bin", "python")
-ENV = dict(os.environ, ANSIBLE_FORCE_COLOR="0", ANSIBLE_NOCOLOR="1")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _engine_lane import ENGINE_PYTHON, ROOT, STATE_DIR  # noqa: E402  pylint: disable=wrong-import-position
+from _engine_lane import engine_installed as _engine_installed  # noqa: E402  pylint: disable=wrong-import-position
+from _engine_lane import playbook as _playbook  # noqa: E402  pylint: disable=wrong-import-position
 
 INSTANCE, PORT = "pytest-gap", 8200
 KV_ENDPOINT, REPLAY_ENDPOINT = "tcp://127.0.0.1:5610", "tcp://127.0.0.1:5611"
@@ -60,18 +60,6 @@ INSTANCE_VARS = ["-e", "local_engine_instance=%s" % INSTANCE, "-e", "local_engin
                  "--tags", "local_engine"]
 REQUESTS, PARALLEL = 48, 12
 MAX_FRAME = 1024
-
-
-def _engine_installed():
-    if not os.path.exists(ENGINE_PYTHON):
-        if os.environ.get("LOCAL_ENGINE_REQUIRED") == "1":
-            pytest.fail("No engine installation at %s: run `make site` first." % ENGINE_PYTHON)
-        pytest.skip("No engine installation at %s (run `make site`): the real-engine tests need it." % ENGINE_PYTHON)
-
-
-def _playbook(*args):
-    cmd = [PLAYBOOK if os.path.exists(PLAYBOOK) else "ansible-playbook"] + list(args)
-    return subprocess.run(cmd, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=900, check=False)
 
 
 @pytest.fixture(scope="module")

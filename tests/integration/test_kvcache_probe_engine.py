@@ -35,18 +35,18 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import threading
 import time
 import urllib.request
 
 import pytest
 
-ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
-PLAYBOOK = os.path.join(ROOT, ".venv", "bin", "ansible-playbook")
-STATE_DIR = os.path.expanduser("~/.cache/inference_cache/local_engine")
-ENGINE_PYTHON = os.path.join(STATE_DIR, "venv", "bin", "python")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _engine_lane import ROOT, STATE_DIR  # noqa: E402  pylint: disable=wrong-import-position
+from _engine_lane import engine_installed as _engine_installed  # noqa: E402  pylint: disable=wrong-import-position
+from _engine_lane import playbook as _playbook, skip_or_fail as _skip_or_fail  # noqa: E402  pylint: disable=wrong-import-position
 PROBE = os.path.join(ROOT, ".cache", "bin", "kvcache_probe")
-ENV = dict(os.environ, ANSIBLE_FORCE_COLOR="0", ANSIBLE_NOCOLOR="1")
 
 # Ports no other run uses (make test: 8000, 5557-5558, 8100-8110, 8200, 5610-5611, 8300-8301, 5700-5703;
 # bench-routing: 8400-8401, 5800-5803).
@@ -61,26 +61,6 @@ INSTANCE_VARS = ["-e", json.dumps({"local_engine_instance": INSTANCE, "local_eng
                                    "local_engine_kv_events_endpoint": KV_ENDPOINT,
                                    "local_engine_kv_events_replay_endpoint": "", "local_engine_kv_events_topic": TOPIC}),
                  "--tags", "local_engine"]
-
-
-def _required():
-    return os.environ.get("LOCAL_ENGINE_REQUIRED") == "1"
-
-
-def _skip_or_fail(reason):
-    if _required():
-        pytest.fail(reason)
-    pytest.skip(reason)
-
-
-def _playbook(*args):
-    cmd = [PLAYBOOK if os.path.exists(PLAYBOOK) else "ansible-playbook"] + list(args)
-    return subprocess.run(cmd, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=900, check=False)
-
-
-def _engine_installed():
-    if not os.path.exists(ENGINE_PYTHON):
-        _skip_or_fail("No engine installation at %s (run `make site`): the real-engine tests need it." % ENGINE_PYTHON)
 
 
 @pytest.fixture(scope="session")

@@ -1,0 +1,38 @@
+# -*- coding: utf-8 -*-
+# Copyright (c) inference_cache.substrate contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+"""What the engine-lane tests that start their own local_engine instance share: paths, skip-or-fail, the playbook run."""
+
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type  # pylint: disable=invalid-name
+
+import os
+import subprocess
+
+import pytest
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+PLAYBOOK = os.path.join(ROOT, ".venv", "bin", "ansible-playbook")
+STATE_DIR = os.path.expanduser("~/.cache/inference_cache/local_engine")
+ENGINE_PYTHON = os.path.join(STATE_DIR, "venv", "bin", "python")
+ENV = dict(os.environ, ANSIBLE_FORCE_COLOR="0", ANSIBLE_NOCOLOR="1")
+
+
+def skip_or_fail(reason):
+    """Skip, or fail where the engine lane is required (LOCAL_ENGINE_REQUIRED=1, as `make engine` sets it)."""
+    if os.environ.get("LOCAL_ENGINE_REQUIRED") == "1":
+        pytest.fail(reason)
+    pytest.skip(reason)
+
+
+def engine_installed():
+    if not os.path.exists(ENGINE_PYTHON):
+        skip_or_fail("No engine installation at %s (run `make site`): the real-engine tests need it." % ENGINE_PYTHON)
+
+
+def playbook(*args):
+    cmd = [PLAYBOOK if os.path.exists(PLAYBOOK) else "ansible-playbook"] + list(args)
+    return subprocess.run(cmd, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=900, check=False)
