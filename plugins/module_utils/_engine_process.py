@@ -314,8 +314,11 @@ def _still(leader, targets):
 class EngineService(object):
     """Bring one engine instance to a state. ``healthy(url)`` returns True when the engine answers its health URL."""
 
-    def __init__(self, files, healthy, check_mode=False, clock=time.monotonic, sleep=time.sleep):
+    def __init__(self, files, healthy, check_mode=False, clock=time.monotonic, sleep=time.sleep, name="engine",
+                 ports_hint="local_engine_port, local_engine_kv_events_replay_endpoint"):
         self.files = files
+        self.name = name
+        self.ports_hint = ports_hint
         self.healthy = healthy
         self.check_mode = check_mode
         self.clock = clock
@@ -344,8 +347,8 @@ class EngineService(object):
                     stopped = stop_group(current["recorded_pid"], current["pids"], timeout)
                     if stopped["remaining"]:
                         raise EngineProcessError(
-                            "Cannot stop the engine: processes %s are still running after SIGKILL."
-                            % " ".join(map(str, stopped["remaining"])), remaining=stopped["remaining"])
+                            "Cannot stop the %s: processes %s are still running after SIGKILL."
+                            % (self.name, " ".join(map(str, stopped["remaining"]))), remaining=stopped["remaining"])
                     result["stopped_pids"] = stopped["pids"]
                     result["killed"] = stopped["killed"]
             if not self.check_mode and (current["recorded_pid"] is not None or os.path.exists(self.files.runfile)):
@@ -371,13 +374,13 @@ class EngineService(object):
                 stopped = stop_group(current["recorded_pid"], current["pids"], stop_timeout)
                 if stopped["remaining"]:
                     raise EngineProcessError(
-                        "Cannot restart the engine: processes %s of the old one are still running after SIGKILL."
-                        % " ".join(map(str, stopped["remaining"])), remaining=stopped["remaining"])
+                        "Cannot restart the %s: processes %s of the old one are still running after SIGKILL."
+                        % (self.name, " ".join(map(str, stopped["remaining"]))), remaining=stopped["remaining"])
             self.files.remove()
             busy, message = busy_ports(host, ports)
             if busy:
-                raise EngineProcessError("Cannot start the engine on %s: %s; stop that process or choose other ports "
-                                         "(local_engine_port, local_engine_kv_events_replay_endpoint)." % (host, message),
+                raise EngineProcessError("Cannot start the %s on %s: %s; stop that process or choose other ports "
+                                         "(%s)." % (self.name, host, message, self.ports_hint),
                                          busy=busy)
             pid = self._spawn(checksum)
             result.update(self._wait(pid, health_url, start_timeout))
@@ -386,8 +389,8 @@ class EngineService(object):
     def _running(self, current, health_url):
         if not self.healthy(health_url):
             raise EngineProcessError(
-                "The engine (pid %d) runs with these settings but %s does not answer; see its log %s."
-                % (current["pid"], health_url, self.files.log), pid=current["pid"], log_tail=log_tail(self.files.log))
+                "The %s (pid %d) runs with these settings but %s does not answer; see its log %s."
+                % (self.name, current["pid"], health_url, self.files.log), pid=current["pid"], log_tail=log_tail(self.files.log))
         return {"changed": False, "state": "started", "started": False, "restarted": False, "pid": current["pid"],
                 "pids": current["pids"], "rss_kib": current["rss_kib"], "start_seconds": None, "foreign": None}
 
@@ -408,14 +411,14 @@ class EngineService(object):
         deadline = started + timeout
         while True:
             if self._child.poll() is not None or start_ticks(pid) is None:
-                reason = "The engine exited during start-up"
+                reason = "The %s exited during start-up" % self.name
                 break
             if self.healthy(health_url):
                 pids = members(pid)
                 return {"pid": pid, "pids": pids, "rss_kib": rss_kib(pids),
                         "start_seconds": round(self.clock() - started, 1)}
             if self.clock() >= deadline:
-                reason = "The engine was not ready within %d s" % timeout
+                reason = "The %s was not ready within %d s" % (self.name, timeout)
                 break
             self.sleep(1)
         stop_group(pid, members(pid), 10)

@@ -76,6 +76,20 @@ options:
     type: list
     elements: int
     default: []
+  health_ca_path:
+    description:
+      - CA bundle (PEM) that signs the certificate of an C(https) O(health_url), for a process that serves its health
+        endpoint over TLS with a certificate of its own CA (the components of C(inference_cache.substrate.kwok_cluster)).
+      - Empty uses the system's trust store.
+    type: path
+  name:
+    description: What the process is, in the sentences of a failure (for example V(kube-apiserver)).
+    type: str
+    default: engine
+  ports_hint:
+    description: The variables that set O(ports), named in the sentence when a port is taken.
+    type: str
+    default: local_engine_port, local_engine_kv_events_replay_endpoint
   start_timeout:
     description: Seconds to wait for O(health_url) after a start.
     type: int
@@ -147,12 +161,13 @@ from ansible_collections.inference_cache.substrate.plugins.module_utils._engine_
     EngineFiles, EngineProcessError, EngineService, file_checksum)
 
 
-def _health_probe(api_key):
+def _health_probe(api_key, ca_path=None):
     headers = {"Authorization": "Bearer " + api_key} if api_key else {}
 
     def healthy(url):
         try:
-            return open_url(url, headers=headers, timeout=5, follow_redirects="none", use_proxy=False).getcode() == 200
+            return open_url(url, headers=headers, timeout=5, follow_redirects="none", use_proxy=False,
+                            ca_path=ca_path or None).getcode() == 200
         except Exception:  # pylint: disable=broad-exception-caught  # any failure means "not ready yet"
             return False
     return healthy
@@ -171,6 +186,9 @@ def main():
             api_key=dict(type="str", default="", no_log=True),
             host=dict(type="str", default="127.0.0.1"),
             ports=dict(type="list", elements="int", default=[]),
+            health_ca_path=dict(type="path"),
+            name=dict(type="str", default="engine"),
+            ports_hint=dict(type="str", default="local_engine_port, local_engine_kv_events_replay_endpoint"),
             start_timeout=dict(type="int", default=300),
             stop_timeout=dict(type="int", default=30),
         ),
@@ -185,7 +203,8 @@ def main():
     if bad_ports:
         module.fail_json(msg="ports must lie in 1-65535, got %s." % ", ".join(map(str, bad_ports)))
     files = EngineFiles(params["pidfile"], params["runfile"], log=params["log"], launcher=params["launcher"])
-    service = EngineService(files, _health_probe(params["api_key"]), check_mode=module.check_mode)
+    service = EngineService(files, _health_probe(params["api_key"], params["health_ca_path"]), check_mode=module.check_mode,
+                            name=params["name"], ports_hint=params["ports_hint"])
     try:
         if params["state"] == "stopped":
             result = service.ensure_stopped(params["stop_timeout"])
@@ -196,10 +215,10 @@ def main():
     except EngineProcessError as exc:
         module.fail_json(msg=str(exc), **exc.details)
     except (IOError, OSError) as exc:
-        module.fail_json(msg="Cannot control the engine of %s: %s." % (params["pidfile"], exc))
+        module.fail_json(msg="Cannot control the %s of %s: %s." % (params["name"], params["pidfile"], exc))
     if result.get("foreign"):
-        module.warn("The pid file %s named pid %d, which is not the engine (%s); it was left alone."
-                    % (params["pidfile"], result["foreign"]["pid"], result["foreign"]["reason"]))
+        module.warn("The pid file %s named pid %d, which is not the %s (%s); it was left alone."
+                    % (params["pidfile"], result["foreign"]["pid"], params["name"], result["foreign"]["reason"]))
     module.exit_json(**result)
 
 
