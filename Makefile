@@ -8,7 +8,7 @@ export ANSIBLE_FORCE_COLOR := 0
 export PY_COLORS := 0
 export NO_COLOR := 1
 
-.PHONY: help setup site verify teardown render kubernetes test sanity units pytest integration engine lint molecule molecule-destroy build changelog argspecs bench bench-routing freeze clean
+.PHONY: help setup site verify teardown render kubernetes kwok kwok-teardown test sanity units pytest integration engine lint molecule molecule-destroy build changelog argspecs bench bench-routing freeze clean
 
 help:  ## List the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-17s %s\n", $$1, $$2}'
@@ -32,6 +32,12 @@ render: setup  ## Render the Kubernetes manifests and Helm values of inventories
 
 kubernetes: setup  ## The whole stack on a local kind cluster (needs a Docker engine, kind and helm)
 	$(BIN)/ansible-playbook -i inventories/kind playbooks/kubernetes.yml $(ARGS)
+
+kwok: setup  ## The whole Kubernetes path on a local kwok cluster (a real API server, simulated nodes; builds it with Go the first time)
+	$(BIN)/ansible-playbook -i inventories/kwok playbooks/kubernetes.yml $(ARGS)
+
+kwok-teardown: setup  ## Stop the kwok cluster and remove its data (the built binaries stay)
+	$(BIN)/ansible-playbook -i inventories/kwok playbooks/teardown.yml
 
 test: setup  ## Everything below, with a summary; fails if any stage fails
 	@scripts/test_all.sh

@@ -246,6 +246,28 @@ def test_a_taken_port_stops_the_start(tmp_path):
     assert not os.path.exists(service.files.pidfile)
 
 
+def test_a_named_process_is_named_in_its_sentences(tmp_path):
+    """kwok_cluster runs etcd and the control plane through the same service: the sentences name the process and the
+    variables of its ports, not the engine's."""
+    launcher = tmp_path / "etcd.sh"
+    launcher.write_text("#!/bin/sh\necho 'etcdmain: listen tcp: bind: address already in use' >&2\nexit 1\n")
+    launcher.chmod(0o700)
+    files = ep.EngineFiles(str(tmp_path / "etcd.pid"), str(tmp_path / "etcd.run"), log=str(tmp_path / "etcd.log"),
+                           launcher=str(launcher))
+    service = ep.EngineService(files, lambda url: False, name="etcd", ports_hint="kwok_cluster_etcd_port")
+    with pytest.raises(ep.EngineProcessError) as info:
+        _start(service)
+    assert str(info.value).startswith("The etcd exited during start-up (%s)" % files.log)
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen(1)
+        port = sock.getsockname()[1]
+        with pytest.raises(ep.EngineProcessError) as info:
+            _start(service, ports=[port])
+    assert str(info.value).startswith("Cannot start the etcd on 127.0.0.1: port %d is taken" % port)
+    assert str(info.value).endswith("(kwok_cluster_etcd_port).")
+
+
 def _module(check=False, **args):
     """Run the module local_engine_service through ansible; return (rc, result), the warnings as result["_stderr"]."""
     cmd = [os.path.join(BIN, "ansible"), "localhost", "-i", "localhost,", "-c", "local", "-e",
