@@ -99,8 +99,9 @@ INDEXER_CONFIG = obj({
 KV_EVENTS_CONFIG = obj({
     "zmqEndpoint": STR,
     "topicFilter": STR,
-    # 0 workers: the pool computes hash % 0 on the first event (a panic); negative: make() panics.
-    "concurrency": integer(1),
+    # No range here: 0 and negative values decode, and what the EPP then does is in BEHAVIOUR (zero-concurrency,
+    # negative-concurrency).
+    "concurrency": integer(),
     "engineType": STR,
     "discoverPods": BOOL,
     "podDiscoveryConfig": obj({
@@ -400,6 +401,109 @@ SEMANTICS = {
         "block_keys_source": _P9 + "requestcontrol/dataproducer/preciseprefixcache/README.md",
         "render_path": "/v1/completions/render",
         "render_source": _P9 + "requestcontrol/dataproducer/tokenizer/vllm_http.go",
+    },
+}
+
+
+# --- what the EPP does with a config it decodes -----------------------------------------------------------------
+# Each finding has a kind: REFUSED (the EPP does not start: it returns an error or panics while loading the config),
+# BROKEN (it starts, then crashes or silently never does what the config asks: the sentence says what and when) or
+# WARNING (it starts and works, but worth knowing). Findings about the check's own arguments are INPUT.
+REFUSED, BROKEN, WARNING, INPUT = "refused", "broken", "warning", "input"
+KINDS = (REFUSED, BROKEN, WARNING, INPUT)
+_KV9 = "github.com/llm-d/llm-d-kv-cache@v0.9.0:"  # the version llm-d-router v0.9.0's go.mod requires
+_PPC9 = _P9 + "requestcontrol/dataproducer/preciseprefixcache/"
+
+# BEHAVIOUR[version][rule] = (kind, sentence, source). The sentence is a str.format template; ``version`` is always
+# given, the other fields by the rule's caller. Each fact was read at ``source`` and measured with the real EPP
+# v0.9.0 (REFERENCE.md part R4).
+BEHAVIOUR = {
+    "v0.9.0": {
+        # LoadRawConfig: len(configBytes) == 0 -> loadDefaultConfig() (defaults.go).
+        "empty-config": (
+            WARNING,
+            "The EndpointPickerConfig is empty; llm-d-router {version} then logs \"A configuration wasn't specified. A default "
+            "one is being used.\" and starts with its default configuration (queue-scorer, kv-cache-utilization-scorer and "
+            "an approximate prefix-cache-scorer), not one written for these engines.",
+            _R9 + "pkg/epp/config/loader/configloader.go"),
+        # buildSchedulerConfig wraps the scorer with *pluginRef.Weight as given; validateConfig checks no weight.
+        "negative-weight": (
+            WARNING,
+            "Scheduling profile {profile} gives {plugin} the weight {weight}; llm-d-router {version} accepts a negative "
+            "weight as it is, so a higher score from {plugin} makes an endpoint less likely to be picked.",
+            _R9 + "pkg/epp/config/loader/configloader.go"),
+        # NewPool makes cfg.Concurrency queues; AddTask computes h.Sum32() % uint32(p.concurrency).
+        "zero-concurrency": (
+            BROKEN,
+            "Producer {name} sets kvEventsConfig.concurrency to 0; llm-d-router {version} starts, then panics with an "
+            "integer divide by zero in the KV-event pool (kvevents.(*Pool).AddTask) on the first KV event.",
+            _KV9 + "pkg/kvevents/pool.go"),
+        "negative-concurrency": (
+            REFUSED,
+            "Producer {name} sets kvEventsConfig.concurrency to {value}; the EPP panics while creating the KV-event pool "
+            "(make with a negative length in kvevents.NewPool) and does not start.",
+            _KV9 + "pkg/kvevents/pool.go"),
+        # The producer Consumes() TokenizedPromptDataKey (Required); CreateMissingDataProducers then builds the default
+        # producer registered for that key (runner.go: RegisterAsDefaultProducer(token-producer)) with nil parameters,
+        # and NewPlugin without vllm, modelName or udsTokenizerConfig selects estimateBackend (tokenizer.go).
+        "default-token-producer": (
+            BROKEN,
+            "Producer {name} has no token-producer plugin; llm-d-router {version} then creates one itself with the "
+            "estimating backend, which never yields an engine's block keys, so the EPP starts but never matches an "
+            "engine block and precise scoring scores every endpoint 0.",
+            _R9 + "pkg/epp/datalayer/data_graph.go"),
+        "estimating-token-producer": (
+            BROKEN,
+            "Producer {name} reads tokens from {label}, which has no tokenizer backend (no vllm, modelName or "
+            "udsTokenizerConfig) and only estimates pseudo-tokens; the EPP starts but never matches an engine block, "
+            "so precise scoring scores every endpoint 0.",
+            _P9 + "requestcontrol/dataproducer/tokenizer/tokenizer.go"),
+        # Subscribers are made only in Extract, which the endpoint-notification-source calls for its extractors.
+        "no-notification-source": (
+            BROKEN,
+            "Producer {name} discovers pods, but no endpoint-notification-source data source lists it as an extractor; "
+            "the EPP starts and never subscribes to an engine.",
+            _PPC9 + "extractor.go"),
+        # Extract returns at once when PodDiscoveryConfig is nil.
+        "pod-discovery-null": (
+            BROKEN,
+            "Producer {name} discovers pods but sets kvEventsConfig.podDiscoveryConfig to null, so it subscribes to no engine.",
+            _PPC9 + "extractor.go"),
+        # New dereferences config.KVEventsConfig.ZMQEndpoint at start.
+        "kv-events-config-null": (
+            REFUSED,
+            "Producer {name} sets kvEventsConfig to null; the EPP then dereferences a nil kvEventsConfig at start and crashes.",
+            _PPC9 + "producer.go"),
+        # ensureSubscriber dials tcp://<address>:<socketPort + rank> without checking the port.
+        "socket-port-range": (
+            BROKEN,
+            "{plugin} parameter kvEventsConfig.podDiscoveryConfig.socketPort is {value}, not a TCP port (1 to 65535); "
+            "the EPP does not check it, starts, and never subscribes to an engine.",
+            _PPC9 + "extractor.go"),
+        # buildSpeculativeCache returns before parsing speculativeTTL unless speculativeIndexing is true.
+        "speculative-ttl-unused": (
+            WARNING,
+            "{plugin} parameter speculativeTTL is {value}, not a Go duration such as \"2s\", but speculativeIndexing is "
+            "off, so llm-d-router {version} never parses it; with speculativeIndexing on the EPP would refuse it.",
+            _PPC9 + "prerequest.go"),
+        "speculative-ttl-invalid": (
+            REFUSED,
+            "{plugin} parameter speculativeTTL is {value}, not a Go duration such as \"2s\"; with speculativeIndexing on "
+            "the EPP refuses it (invalid speculativeTTL) and does not start.",
+            _PPC9 + "prerequest.go"),
+    },
+}
+
+# loadDefaultConfig (defaults.go): what the EPP runs when its config is empty.
+DEFAULT_CONFIG = {
+    "v0.9.0": {
+        "apiVersion": "llm-d.ai/v1alpha1", "kind": "EndpointPickerConfig", "featureGates": [],
+        "plugins": [{"type": "queue-scorer"}, {"type": "kv-cache-utilization-scorer"}, {"type": "prefix-cache-scorer"},
+                    {"type": "metrics-data-source"}, {"type": "core-metrics-extractor"}],
+        "schedulingProfiles": [{"name": "default", "plugins": [
+            {"pluginRef": "queue-scorer", "weight": 2.0}, {"pluginRef": "kv-cache-utilization-scorer", "weight": 2.0},
+            {"pluginRef": "prefix-cache-scorer", "weight": 3.0}]}],
+        "dataLayer": {"sources": [{"pluginRef": "metrics-data-source", "extractors": [{"pluginRef": "core-metrics-extractor"}]}]},
     },
 }
 

@@ -13,19 +13,33 @@ module: epp_config_check
 short_description: Check an llm-d router EndpointPickerConfig against the engines it routes to
 version_added: 0.1.0
 description:
-  - Validates an C(EndpointPickerConfig) (llm-d router, C(llm-d.ai/v1alpha1)) without a cluster, exactly as the pinned
-    router version decodes it (O(router_version)).
+  - Checks an C(EndpointPickerConfig) (llm-d router, C(llm-d.ai/v1alpha1)) without a cluster and says what the pinned
+    router version (O(router_version)) will do with it. RV(epp_starts) says whether that EPP starts with the config, and
+    each finding in RV(findings) has one of three kinds.
+  - C(refused) - the EPP does not start (it returns an error or panics while loading the config); the sentence gives the
+    EPP's own reason. C(broken) - the EPP starts, then crashes or never does what the config asks; the sentence says what
+    happens and when (for example it panics with an integer divide by zero in the KV-event pool on the first event, never
+    matches an engine block, or never subscribes to an engine). C(warning) - the EPP starts and works, but the finding is
+    worth knowing (deprecations are warnings too). The module fails on C(refused) and C(broken) findings only.
+  - Findings about the module's own arguments (O(engine), O(mode)) have the kind C(input) and fail the module too.
+  - What the EPP does with configs it decodes was read at llm-d-router v0.9.0 and github.com/llm-d/llm-d-kv-cache v0.9.0
+    and measured with the real EPP v0.9.0, for example an empty file (the EPP logs that it uses its default
+    configuration and starts; a warning), a negative scorer weight (used as it is; a warning),
+    C(kvEventsConfig.concurrency=0) (starts, then panics on the first KV event; broken), a precise producer without a
+    C(token-producer) (the EPP adds the estimating one itself, which never matches an engine block; broken) and an
+    unparseable C(speculativeTTL) while C(speculativeIndexing) is off (never parsed; a warning).
   - Every plugin type must be one that router version registers, and every field of its C(parameters), nested ones
     included, one that its Go structs define with the right JSON type; the EPP decodes parameters strictly
     (C(DisallowUnknownFields)), so an unknown field (for example C(kvEventsConfig.podDiscoveryConfig.replaySocketPort),
-    which first appears in llm-d-router v0.10.0) stops the EPP from starting and is reported as a problem that names
+    which first appears in llm-d-router v0.10.0) stops the EPP from starting and is reported as C(refused), naming
     the plugin and the field path.
   - Every C(pluginRef) in scheduling profiles and data-layer sources must name a declared plugin; a C(prefix-cache-scorer)
     that names a C(prefixMatchInfoProducerName) must reference a declared prefix-cache producer; deciders named by a
     profile handler must be declared before it.
   - A C(precise-prefix-cache-producer) needs a C(token-producer) with a real tokenizer backend; its topic filter and
     pod-discovery port must match the engines (O(engine)); in pod-discovery mode an C(endpoint-notification-source) data
-    source must list it as an extractor.
+    source must list it as an extractor. Each of these is C(broken) when wrong, as the EPP starts but never matches an
+    engine block or never receives an engine's events.
   - At llm-d-router v0.9.0 a block size or hash seed that differs from the engines' is a warning, not a problem (the EPP
     recomputes block keys from the token ids in the events, C(preciseprefixcache/README.md)), and
     C(kvEventsConfig.engineType) is accepted but ignored (the producer always decodes with the vLLM adapter), which the
@@ -45,12 +59,14 @@ extends_documentation_fragment:
 options:
   config:
     description:
-      - The EndpointPickerConfig as a mapping, or as YAML text.
+      - The EndpointPickerConfig as a mapping, or as YAML text. An empty text is what the EPP replaces with its default
+        configuration (a warning).
       - Exactly one of O(config) and O(path) is required.
     type: raw
   path:
     description:
-      - A file holding the EndpointPickerConfig as YAML (for example one the user wrote).
+      - A file holding the EndpointPickerConfig as YAML (for example one the user wrote). An empty file is what the EPP
+        replaces with its default configuration (a warning).
     type: path
   engine:
     description:
@@ -137,8 +153,38 @@ EXAMPLES = r"""
 """
 
 RETURN = r"""
+epp_starts:
+  description:
+    - Whether the pinned EPP (O(router_version)) starts with this config, that is, no finding is C(refused).
+    - A config can start and still be C(broken); the module fails then too.
+  returned: always
+  type: bool
+  sample: true
+findings:
+  description:
+    - Every finding, in the order found, with its kind.
+    - C(refused) (the EPP does not start, with its own reason), C(broken) (it starts, then crashes or never does what
+      the config asks, and when), C(warning) (it starts and works; deprecations included) or C(input) (this module's
+      own arguments are wrong).
+  returned: always
+  type: list
+  elements: dict
+  contains:
+    kind:
+      description: C(refused), C(broken), C(warning) or C(input).
+      type: str
+    sentence:
+      description: The finding, one sentence.
+      type: str
+  sample:
+    - kind: broken
+      sentence: >-
+        Producer precise-prefix-cache-producer sets kvEventsConfig.concurrency to 0; llm-d-router v0.9.0 starts, then panics
+        with an integer divide by zero in the KV-event pool (kvevents.(*Pool).AddTask) on the first KV event.
 problems:
-  description: One sentence per problem found; the module fails when this is not empty.
+  description:
+    - One sentence per C(refused), C(broken) or C(input) finding (and per deprecation with O(fail_on_deprecations=true));
+      the module fails when this is not empty.
   returned: always
   type: list
   elements: str
@@ -201,10 +247,11 @@ ENGINE_SPEC = dict(
 
 
 def _load(module):
-    """The config as data: a mapping is used as it is, text and files are YAML; anything else goes to the check as it is."""
+    """The config as data and the text it came from: a mapping is used as it is (no text), text and files are YAML;
+    anything else goes to the check as it is."""
     config, path = module.params["config"], module.params["path"]
     if path is None and not isinstance(config, str):
-        return config
+        return config, None
     if yaml is None:
         module.fail_json(msg=missing_required_lib("PyYAML"))
     try:
@@ -213,12 +260,12 @@ def _load(module):
                 text = handle.read()
         else:
             text = config
-        return yaml.safe_load(text)
+        return yaml.safe_load(text), text
     except (IOError, OSError) as exc:
         module.fail_json(msg="Cannot read the EndpointPickerConfig file %s: %s." % (path, exc))
     except (yaml.YAMLError, ValueError) as exc:
         module.fail_json(msg="The EndpointPickerConfig is not valid YAML: %s." % " ".join(str(exc).split()))
-    return None
+    return None, None
 
 
 def main():
@@ -236,8 +283,9 @@ def main():
         supports_check_mode=True,
     )
     engine = dict((k, v) for k, v in (module.params["engine"] or {}).items() if v is not None)
-    result = check_epp_config(_load(module), engine=engine, mode=module.params["mode"],
-                              router_version=module.params["router_version"])
+    config, text = _load(module)
+    result = check_epp_config(config, engine=engine, mode=module.params["mode"], router_version=module.params["router_version"],
+                              raw_text=text)
     problems = list(result.problems)
     if module.params["fail_on_deprecations"]:
         problems.extend(result.deprecations)
@@ -246,8 +294,9 @@ def main():
             module.warn(sentence)
     for sentence in result.warnings:
         module.warn(sentence)
-    out = dict(changed=False, problems=problems, deprecations_found=result.deprecations, warnings_found=result.warnings,
-               router_version=result.router_version, summary=result.summary)
+    out = dict(changed=False, epp_starts=result.epp_starts, findings=result.findings, problems=problems,
+               deprecations_found=result.deprecations, warnings_found=result.warnings, router_version=result.router_version,
+               summary=result.summary)
     if problems:
         module.fail_json(msg="The EndpointPickerConfig has %d problem(s): %s" % (len(problems), " ".join(problems)), **out)
     module.exit_json(**out)

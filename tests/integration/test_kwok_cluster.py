@@ -27,6 +27,7 @@ import sys
 import time
 
 import pytest
+import yaml
 
 import _k8s_render as R  # pylint: disable=import-error
 
@@ -226,3 +227,21 @@ def test_a_bad_setting_is_one_sentence(tmp_path):
     code, output, unused_counts = run_role(tmp_path, kwok_cluster_host="0.0.0.0")
     assert code != 0
     assert "a loopback host (127.x" in output and "Traceback" not in output
+
+
+def test_without_go_a_missing_build_is_one_sentence(tmp_path):
+    """A state folder without binaries and no Go toolchain: the role stops before building, naming what it would build."""
+    code, output, unused_counts = run_role(tmp_path, kwok_cluster_state_dir=str(tmp_path / "state"),
+                                           kwok_cluster_go_binary=str(tmp_path / "no-such-go"))
+    assert code != 0
+    assert "kwok_cluster builds kubernetes, etcd, kwok, helm from the Go module proxy and needs Go 1.24 or later" in \
+        " ".join(output.split())
+    assert "Traceback" not in output and not (tmp_path / "state" / "clusters").exists()
+
+
+def test_the_kubernetes_pin_is_the_minor_of_the_kind_node_image():
+    with open(R.PINS) as handle:
+        pins = yaml.safe_load(handle)
+    minor = re.match(r"v(\d+\.\d+)\.", pins["tools"]["kubernetes"]).group(1)
+    assert pins["images"]["kind_node"]["tag"].startswith("v%s." % minor)
+    assert re.match(r"v\d+\.\d+\.\d+$", pins["tools"]["etcd"]) and re.match(r"v\d+\.\d+\.\d+$", pins["tools"]["kwok"])

@@ -126,11 +126,16 @@ BAD = [
      "Scorer prefix-cache-scorer reads prefixMatchInfoProducerName queue-scorer, which is a queue-scorer, not a prefix-cache producer."),
     ("scorer-references-token-producer", lambda c: plugin(c, "prefix-cache-scorer")["parameters"].update(prefixMatchInfoProducerName="token-producer"),
      "Scorer prefix-cache-scorer reads prefixMatchInfoProducerName token-producer, which is a token-producer, not a prefix-cache producer."),
+    # The EPP starts with these two: it creates the estimating token producer itself (was: "needs a token-producer
+    # plugin, and none is declared"), or uses the declared estimating one; neither ever matches an engine block.
     ("no-token-producer", lambda c: c["plugins"].pop(0),
-     "Producer precise-prefix-cache-producer needs a token-producer plugin, and none is declared."),
+     "Producer precise-prefix-cache-producer has no token-producer plugin; llm-d-router v0.9.0 then creates one itself with the "
+     "estimating backend, which never yields an engine's block keys, so the EPP starts but never matches an engine block and "
+     "precise scoring scores every endpoint 0."),
     ("token-producer-estimates", lambda c: plugin(c, "token-producer").pop("parameters"),
      "Producer precise-prefix-cache-producer reads tokens from Plugin token-producer, which has no tokenizer backend (no vllm, "
-     "modelName or udsTokenizerConfig) and only estimates pseudo-tokens, so no block key ever matches the engines' events."),
+     "modelName or udsTokenizerConfig) and only estimates pseudo-tokens; the EPP starts but never matches an engine block, so "
+     "precise scoring scores every endpoint 0."),
     ("token-producer-without-model", lambda c: plugin(c, "token-producer")["parameters"].pop("modelName"),
      "Plugin token-producer needs modelName with the vllm backend; its factory fails without it."),
     ("topic-filter-mismatch", lambda c: producer_params(c)["kvEventsConfig"].update(topicFilter="kv-events"),
@@ -141,7 +146,8 @@ BAD = [
     ("socket-port-default", lambda c: producer_params(c)["kvEventsConfig"].pop("podDiscoveryConfig"),
      None),  # the default port 5557 matches: no problem
     ("no-notification-source", lambda c: c.pop("dataLayer"),
-     "Producer precise-prefix-cache-producer discovers pods, but no endpoint-notification-source data source lists it as an extractor."),
+     "Producer precise-prefix-cache-producer discovers pods, but no endpoint-notification-source data source lists it as an extractor; "
+     "the EPP starts and never subscribes to an engine."),
     ("discovery-config-null", lambda c: producer_params(c)["kvEventsConfig"].update(podDiscoveryConfig=None),
      "Producer precise-prefix-cache-producer discovers pods but sets kvEventsConfig.podDiscoveryConfig to null, so it subscribes to no engine."),
     ("kv-events-config-null", lambda c: producer_params(c).update(kvEventsConfig=None),
@@ -153,8 +159,6 @@ BAD = [
      "plugin instead."),
     ("duplicate-name", lambda c: c["plugins"].append({"type": "queue-scorer"}),
      "Plugin name queue-scorer is declared twice; give one of them another name."),
-    ("bad-weight", lambda c: c["schedulingProfiles"][0]["plugins"][2].update(weight=-1),
-     "Scheduling profile default gives kv-cache-utilization-scorer the weight -1; weights are numbers >= 0."),
     ("weight-as-string", lambda c: c["schedulingProfiles"][0]["plugins"][2].update(weight="1"),
      "EndpointPickerConfig field schedulingProfiles[0].plugins[2].weight is a string but must be a number."),
     ("weight-not-a-number", lambda c: c["schedulingProfiles"][0]["plugins"][2].update(weight=float("nan")),
@@ -189,18 +193,29 @@ BAD = [
      "so the EPP does not start."),
     ("misspelled-type", lambda c: c["plugins"].append({"type": "queue-scorrer"}),
      "Plugin type queue-scorrer is not registered in llm-d-router v0.9.0, so the EPP does not start; check its spelling."),
+    # The EPP starts with these two (was: "must be at least 1 (got 0)" / "must be at most 65535 (got 70000)", as if refused).
     ("zero-concurrency", lambda c: producer_params(c)["kvEventsConfig"].update(concurrency=0),
-     "Plugin precise-prefix-cache-producer parameter kvEventsConfig.concurrency must be at least 1 (got 0)."),
+     "Producer precise-prefix-cache-producer sets kvEventsConfig.concurrency to 0; llm-d-router v0.9.0 starts, then panics with an "
+     "integer divide by zero in the KV-event pool (kvevents.(*Pool).AddTask) on the first KV event."),
     ("port-out-of-range", lambda c: producer_params(c)["kvEventsConfig"]["podDiscoveryConfig"].update(socketPort=70000),
-     "Plugin precise-prefix-cache-producer parameter kvEventsConfig.podDiscoveryConfig.socketPort must be at most 65535 (got 70000)."),
+     "Plugin precise-prefix-cache-producer parameter kvEventsConfig.podDiscoveryConfig.socketPort is 70000, not a TCP port "
+     "(1 to 65535); the EPP does not check it, starts, and never subscribes to an engine."),
     ("block-size-as-string", lambda c: producer_params(c)["tokenProcessorConfig"].update(blockSizeTokens="32"),
      "Plugin precise-prefix-cache-producer parameter tokenProcessorConfig.blockSizeTokens is a string but must be an integer."),
     ("metrics-interval-as-string", lambda c: producer_params(c).update(indexerConfig={"kvBlockIndexConfig": {"metricsLoggingInterval": "30s"}}),
      "Plugin precise-prefix-cache-producer parameter indexerConfig.kvBlockIndexConfig.metricsLoggingInterval is a string but must be "
      "an integer number of nanoseconds (Go time.Duration)."),
-    ("speculative-ttl-not-a-duration", lambda c: producer_params(c).update(speculativeTTL="two seconds"),
-     "Plugin precise-prefix-cache-producer parameter speculativeTTL is 'two seconds' but must be a Go duration string such as \"30s\"."),
+    ("speculative-ttl-not-a-duration", lambda c: producer_params(c).update(speculativeTTL="two seconds", speculativeIndexing=True),
+     "Plugin precise-prefix-cache-producer parameter speculativeTTL is 'two seconds', not a Go duration such as \"2s\"; with "
+     "speculativeIndexing on the EPP refuses it (invalid speculativeTTL) and does not start."),
+    ("negative-concurrency", lambda c: producer_params(c)["kvEventsConfig"].update(concurrency=-2),
+     "Producer precise-prefix-cache-producer sets kvEventsConfig.concurrency to -2; the EPP panics while creating the KV-event pool "
+     "(make with a negative length in kvevents.NewPool) and does not start."),
 ]
+
+# The entries of BAD with which the EPP starts and is broken; every other one it refuses (epp_starts false).
+BROKEN_ONES = {"no-token-producer", "token-producer-estimates", "topic-filter-mismatch", "socket-port-mismatch",
+               "no-notification-source", "discovery-config-null", "orphan-producer", "zero-concurrency", "port-out-of-range"}
 
 
 @pytest.mark.parametrize("name,fn,sentence", BAD, ids=[b[0] for b in BAD])
@@ -211,6 +226,9 @@ def test_each_bad_config_is_rejected_with_its_sentence(name, fn, sentence):
         return
     assert not result.ok, name
     assert sentence in result.problems, result.problems
+    kind = "broken" if name in BROKEN_ONES else "refused"
+    assert result.kind_of(sentence) == kind, (name, result.findings)
+    assert result.epp_starts is (kind == "broken"), (name, result.findings)
 
 
 def test_the_scorer_must_name_a_prefix_producer_and_nothing_else():
@@ -556,3 +574,104 @@ def test_ranges_the_factories_enforce(ptype, params, sentence):
 ])
 def test_values_the_epp_accepts_are_not_refused(ptype, params):
     assert _parameter_problems(check_epp_config(_alone(ptype, params))) == []
+
+
+# --- what the real EPP v0.9.0 does: epp_starts and the kind of each finding ----------------------------------------------
+# Measured with the EPP built at llm-d/llm-d-router@v0.9.0 (REFERENCE.md part R4, issue 22) and read at the sources that
+# the BEHAVIOUR table of _epp_plugins cites. Each case: the config, epp_starts, the finding's kind, its key words, and
+# whether the check fails.
+
+FACTS = [
+    # LoadRawConfig: no bytes -> the default configuration (pkg/epp/config/loader/configloader.go).
+    ("empty-file", None, "", True, "warning", ("is empty", "default configuration", "starts"), False),
+    # buildSchedulerConfig uses the weight as given (pkg/epp/config/loader/configloader.go).
+    ("negative-weight", lambda c: c["schedulingProfiles"][0]["plugins"][2].update(weight=-1), None, True, "warning",
+     ("kv-cache-utilization-scorer the weight -1", "accepts a negative weight as it is"), False),
+    # kvevents.(*Pool).AddTask: h.Sum32() % uint32(p.concurrency) (github.com/llm-d/llm-d-kv-cache@v0.9.0:pkg/kvevents/pool.go).
+    ("zero-concurrency", lambda c: producer_params(c)["kvEventsConfig"].update(concurrency=0), None, True, "broken",
+     ("starts, then panics", "integer divide by zero", "KV-event pool", "on the first KV event"), True),
+    # CreateMissingDataProducers builds the default token-producer with nil parameters: the estimate backend.
+    ("no-token-producer", lambda c: c["plugins"].pop(0), None, True, "broken",
+     ("creates one itself", "estimating backend", "never matches an engine block"), True),
+    ("estimating-token-producer", lambda c: plugin(c, "token-producer").update(parameters={"estimate": {}}), None, True, "broken",
+     ("only estimates pseudo-tokens", "the EPP starts but never matches an engine block"), True),
+    # Subscribers are created only by Extract, which only a listing endpoint-notification-source calls (extractor.go).
+    ("no-extractor-listing", lambda c: c["dataLayer"]["sources"][0].update(extractors=[]), None, True, "broken",
+     ("discovers pods", "no endpoint-notification-source", "never subscribes to an engine"), True),
+    # buildSpeculativeCache parses speculativeTTL only with speculativeIndexing on (prerequest.go).
+    ("speculative-ttl-while-off", lambda c: producer_params(c).update(speculativeTTL="soon"), None, True, "warning",
+     ("speculativeTTL is 'soon'", "speculativeIndexing is off", "never parses it"), False),
+    ("speculative-ttl-while-on", lambda c: producer_params(c).update(speculativeTTL="soon", speculativeIndexing=True), None, False,
+     "refused", ("speculativeTTL is 'soon'", "refuses it (invalid speculativeTTL)", "does not start"), True),
+    # Refused today, refused still: strict decoding, registration, factories and the start-up panics.
+    ("unknown-field", lambda c: producer_params(c)["kvEventsConfig"]["podDiscoveryConfig"].update(replaySocketPort=5558), None,
+     False, "refused", ("replaySocketPort is not a field", "DisallowUnknownFields", "does not start"), True),
+    ("unregistered-type", lambda c: c["plugins"].append({"type": "burst-prefix-cache-producer"}), None, False, "refused",
+     ("is not registered in llm-d-router v0.9.0", "does not start"), True),
+    ("unknown-feature-gate", lambda c: c.update(featureGates=["prefixCache"]), None, False, "refused",
+     ("Feature gate prefixCache", "does not start"), True),
+    ("negative-concurrency", lambda c: producer_params(c)["kvEventsConfig"].update(concurrency=-1), None, False, "refused",
+     ("concurrency to -1", "panics while creating the KV-event pool", "does not start"), True),
+    ("kv-events-config-null", lambda c: producer_params(c).update(kvEventsConfig=None), None, False, "refused",
+     ("kvEventsConfig to null", "crashes"), True),
+    ("tokenizers-pool", lambda c: producer_params(c).update(indexerConfig={"tokenizersPoolConfig": {}}), None, False, "refused",
+     ("tokenizersPoolConfig", "rejects"), True),
+    ("comment-only-file", None, "# nothing here\n", False, "refused", ("is not a mapping",), True),
+]
+
+
+def _fact_result(fn, text):
+    if fn is None:
+        import yaml
+        return check_epp_config(yaml.safe_load(text), engine=ENGINE, raw_text=text)
+    return check_epp_config(mutate(PRECISE, fn), engine=ENGINE)
+
+
+@pytest.mark.parametrize("name,fn,text,starts,kind,words,fails", FACTS, ids=[f[0] for f in FACTS])
+def test_what_the_epp_does(name, fn, text, starts, kind, words, fails):
+    result = _fact_result(fn, text)
+    assert result.epp_starts is starts, (name, result.findings)
+    found = [f for f in result.findings if all(word in f["sentence"] for word in words)]
+    assert len(found) == 1, (name, result.findings)
+    assert found[0]["kind"] == kind, (name, found)
+    assert (not result.ok) is fails, (name, result.problems)
+    assert (found[0]["sentence"] in result.warnings) is (kind == "warning")
+    assert result.as_dict()["epp_starts"] is starts and found[0] in result.as_dict()["findings"]
+
+
+def test_an_empty_config_is_the_default_one_checked():
+    result = check_epp_config(None, raw_text="")
+    assert result.epp_starts is True and result.ok
+    assert [f["kind"] for f in result.findings] == ["warning"]
+    assert result.summary["plugins"] == ["core-metrics-extractor", "kv-cache-utilization-scorer", "metrics-data-source",
+                                         "prefix-cache-scorer", "queue-scorer"]
+    # The default configuration is no precise router: asking for one fails, as broken (the EPP starts).
+    precise = check_epp_config(None, mode="precise", raw_text="")
+    assert precise.epp_starts is True and not precise.ok
+    assert precise.kind_of("Mode precise needs a precise-prefix-cache-producer plugin, and none is declared.") == "broken"
+    # Only zero bytes are the empty file: whitespace is decoded (and refused), as len(configBytes) != 0 in LoadRawConfig.
+    assert check_epp_config(None, raw_text=" \n").epp_starts is False
+
+
+def test_every_good_config_starts_with_no_finding():
+    for config in (PRECISE, APPROXIMATE, CENTRAL, DISAGG):
+        result = check_epp_config(config, engine=ENGINE)
+        assert result.epp_starts is True and result.findings == []
+
+
+def test_deprecations_are_warnings_and_engine_arguments_are_input():
+    result = check_epp_config(mutate(PRECISE, lambda c: plugin(c, "token-producer").update(type="tokenizer")), engine=ENGINE)
+    assert result.findings == [{"kind": "warning", "sentence": "Plugin type tokenizer is deprecated; use token-producer."}]
+    assert result.epp_starts is True and result.ok
+    bad_engine = check_epp_config(PRECISE, engine={"block_size": 0})
+    assert [f["kind"] for f in bad_engine.findings] == ["input"] and bad_engine.epp_starts is True and not bad_engine.ok
+    unknown = check_epp_config(PRECISE, router_version="v0.8.0")
+    assert unknown.epp_starts is None and [f["kind"] for f in unknown.findings] == ["input"]
+
+
+def test_every_behaviour_rule_is_a_known_kind_with_a_pinned_source():
+    from ansible_collections.inference_cache.substrate.plugins.module_utils._epp_plugins import BEHAVIOUR, KINDS
+    for rule, (kind, sentence, source) in BEHAVIOUR["v0.9.0"].items():
+        assert kind in KINDS, rule
+        assert sentence.endswith("."), rule
+        assert source.startswith(("llm-d/llm-d-router@v0.9.0:", "github.com/llm-d/llm-d-kv-cache@v0.9.0:")), rule

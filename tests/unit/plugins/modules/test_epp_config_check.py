@@ -103,6 +103,57 @@ def test_replay_socket_port_fails_at_the_pinned_router():
         "so the plugin fails and the EPP does not start."]
 
 
+def test_an_empty_config_starts_with_a_warning(tmp_path, warned):
+    """The EPP replaces an empty file (or --config-text "") with its default configuration and starts."""
+    path = tmp_path / "empty.yaml"
+    path.write_text("")
+    for args in ({"path": str(path)}, {"config": ""}):
+        result = run(epp_config_check, args)
+        assert result["epp_starts"] is True and result["problems"] == []
+        assert [f["kind"] for f in result["findings"]] == ["warning"]
+        assert "default configuration" in result["findings"][0]["sentence"]
+    assert len(warned) == 2 and all("is empty" in message for message in warned)
+
+
+@pytest.mark.parametrize("fn,starts,kind,words", [
+    (lambda c: c["plugins"][1]["parameters"]["kvEventsConfig"].update(concurrency=0), True, "broken",
+     ("integer divide by zero", "on the first KV event")),
+    (lambda c: c["plugins"].pop(0), True, "broken", ("estimating backend", "never matches an engine block")),
+    (lambda c: c["plugins"][0].update(parameters={"estimate": {}}), True, "broken", ("never matches an engine block",)),
+    (lambda c: c.pop("dataLayer"), True, "broken", ("never subscribes to an engine",)),
+    (lambda c: c["plugins"][1]["parameters"]["kvEventsConfig"]["podDiscoveryConfig"].update(replaySocketPort=5558), False, "refused",
+     ("DisallowUnknownFields", "does not start")),
+], ids=["zero-concurrency", "no-token-producer", "estimating-token-producer", "no-extractor", "unknown-field"])
+def test_refused_and_broken_configs_fail_and_say_whether_the_epp_starts(fn, starts, kind, words):
+    config = copy.deepcopy(PRECISE)
+    fn(config)
+    result = run(epp_config_check, {"config": config, "engine": ENGINE}, AnsibleFailJson)
+    assert result["failed"] is True and result["epp_starts"] is starts
+    assert [f["kind"] for f in result["findings"]] == [kind]
+    sentence = result["findings"][0]["sentence"]
+    assert all(word in sentence for word in words), sentence
+    assert result["problems"] == [sentence] and sentence in result["msg"] and "\n" not in result["msg"]
+
+
+@pytest.mark.parametrize("fn,words", [
+    (lambda c: c["schedulingProfiles"][0]["plugins"][1].update(weight=-2.0), ("the weight -2.0", "accepts a negative weight")),
+    (lambda c: c["plugins"][1]["parameters"].update(speculativeTTL="later"), ("speculativeIndexing is off", "never parses it")),
+], ids=["negative-weight", "speculative-ttl-while-off"])
+def test_what_the_epp_starts_with_passes_with_a_warning(fn, words, warned):
+    config = copy.deepcopy(PRECISE)
+    fn(config)
+    result = run(epp_config_check, {"config": config, "engine": ENGINE})
+    assert result["epp_starts"] is True and result["problems"] == []
+    assert [f["kind"] for f in result["findings"]] == ["warning"]
+    assert all(word in result["warnings_found"][0] for word in words), result["warnings_found"]
+    assert warned == result["warnings_found"]
+
+
+def test_a_good_config_starts_with_no_findings():
+    result = run(epp_config_check, {"config": PRECISE, "engine": ENGINE})
+    assert result["epp_starts"] is True and result["findings"] == []
+
+
 def test_router_version_choices():
     result = run(epp_config_check, {"config": PRECISE, "router_version": "v0.8.0"}, AnsibleFailJson)
     assert result["msg"].startswith("value of router_version must be one of: v0.9.0")
@@ -122,7 +173,8 @@ def test_wrong_input_is_one_sentence(args, msg):
 
 
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(JUNK.filter(lambda value: value is not None) | st.sampled_from(["a: [", "\t", "{", "plugins: [1, {", "- x\n  - y:"]))
+# An empty text is left out: the EPP starts with its default configuration then (test_an_empty_config_starts_with_a_warning).
+@given(JUNK.filter(lambda value: value is not None and value != "") | st.sampled_from(["a: [", "\t", "{", "plugins: [1, {", "- x\n  - y:"]))
 def test_any_value_as_config_fails_with_sentences(junk):
     exited, result = run_module(epp_config_check, {"config": junk})
     assert not exited, "generated junk passed: %r" % (junk,)
