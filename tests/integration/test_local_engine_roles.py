@@ -234,14 +234,20 @@ def test_an_engine_dying_during_start_up_is_reported(tmp_path):
     assert not os.path.exists(service.files.pidfile) and not os.path.exists(service.files.runfile)
 
 
-def test_a_taken_port_stops_the_start(tmp_path):
-    service = _service(tmp_path, "exec sleep 300\n")
+def _start_on_a_taken_port(service):
+    """Start ``service`` with a port this test process listens on; return (port, the EngineProcessError)."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         sock.listen(1)
         port = sock.getsockname()[1]
         with pytest.raises(ep.EngineProcessError) as info:
             _start(service, ports=[port])
+    return port, info
+
+
+def test_a_taken_port_stops_the_start(tmp_path):
+    service = _service(tmp_path, "exec sleep 300\n")
+    port, info = _start_on_a_taken_port(service)
     assert ("Cannot start the engine on 127.0.0.1: port %d is taken by pid %d" % (port, os.getpid())) in str(info.value)
     assert not os.path.exists(service.files.pidfile)
 
@@ -258,12 +264,7 @@ def test_a_named_process_is_named_in_its_sentences(tmp_path):
     with pytest.raises(ep.EngineProcessError) as info:
         _start(service)
     assert str(info.value).startswith("The etcd exited during start-up (%s)" % files.log)
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        sock.listen(1)
-        port = sock.getsockname()[1]
-        with pytest.raises(ep.EngineProcessError) as info:
-            _start(service, ports=[port])
+    port, info = _start_on_a_taken_port(service)
     assert str(info.value).startswith("Cannot start the etcd on 127.0.0.1: port %d is taken" % port)
     assert str(info.value).endswith("(kwok_cluster_etcd_port).")
 
