@@ -30,7 +30,7 @@ import msgspec
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tools"))
 from _loader import module_utils  # noqa: E402  pylint: disable=wrong-import-position
 
-kv = module_utils("_kv_events")
+kv = module_utils("kv.events")
 import _kv_synthetic as synth  # noqa: E402  pylint: disable=wrong-import-position,import-error
 
 

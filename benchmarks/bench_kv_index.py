@@ -32,7 +32,7 @@ import tracemalloc
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tools"))
 from _loader import module_utils  # noqa: E402  pylint: disable=wrong-import-position
 
-kvi = module_utils("_kv_index")
+kvi = module_utils("kv.index")
 
 BLOCK = 32
 CHAIN = 16

@@ -59,12 +59,12 @@ import time
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tools"))
 from _loader import module_utils  # noqa: E402  pylint: disable=wrong-import-position
 
-check = module_utils("_kv_index_check")
-approx_mod = module_utils("_kv_index_approx")
-kv_index = module_utils("_kv_index")
-workload_mod = module_utils("_kv_index_workload")
-http = module_utils("_openai_http")
-kv_zmq = module_utils("_kv_zmq")
+check = module_utils("kv.index_check")
+approx_mod = module_utils("kv.index_approx")
+kv_index = module_utils("kv.index")
+workload_mod = module_utils("kv.workload")
+http = module_utils("http.openai")
+kv_zmq = module_utils("kv.sockets")
 
 POLICIES = ("precise", "approximate", "load-only", "random")
 DEFAULT_ENGINES = ("bench-a=8400,5800,5801", "bench-b=8401,5802,5803")

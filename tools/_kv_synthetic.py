@@ -24,13 +24,13 @@ import sys
 import time
 
 if (__package__ or "").startswith("ansible_collections."):
-    from ansible_collections.inference_cache.substrate.plugins.module_utils import _kv_events as kv
-    from ansible_collections.inference_cache.substrate.plugins.module_utils import _kv_zmq as kvz
+    from ansible_collections.inference_cache.substrate.plugins.module_utils.kv import events as kv
+    from ansible_collections.inference_cache.substrate.plugins.module_utils.kv import sockets as kvz
 else:  # run from tools/: load the collection's module_utils without installing it
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from _loader import module_utils  # pylint: disable=import-error
-    kv = module_utils("_kv_events")
-    kvz = module_utils("_kv_zmq")
+    kv = module_utils("kv.events")
+    kvz = module_utils("kv.sockets")
 
 zmq = kvz.zmq
 HAS_ZMQ = kvz.HAS_ZMQ

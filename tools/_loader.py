@@ -5,7 +5,7 @@
 
 """Import this collection's plugins/module_utils without installing the collection.
 
-Usage from a script in tools/:  ``from _loader import module_utils; kv = module_utils("_kv_events")``.
+Usage from a script in tools/:  ``from _loader import module_utils; kv = module_utils("kv.events")``.
 The directory is registered as the package ``inference_cache_substrate_module_utils`` so that the relative
 imports between module_utils files (``from ._kv_events import ...``) work.
 """

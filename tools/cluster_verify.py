@@ -9,11 +9,11 @@
 A NodePort or ClusterIP in front of several pods reaches a random one, so this tool resolves the engines'
 headless Service (one DNS record per ready pod) and runs, against each pod IP in turn:
 
-* the KV-event check (plugins/module_utils/_kv_check.py): SUB-connect to tcp://<pod>:<kv port> (the engines
+* the KV-event check (plugins/module_utils/kv/events_check.py): SUB-connect to tcp://<pod>:<kv port> (the engines
   bind tcp://*:<port>), send one trigger completion to that same pod, expect BlockStored events under the
   pod's own topic (the engines' topic with $(POD_IP) replaced by the pod IP), each batch one the EPP v0.9.0's
   KV-event decoder takes (required with --scoring-mode precise);
-* the prefix-cache check (plugins/module_utils/_prefix_cache.py): a cold and a warm request sharing a prefix,
+* the prefix-cache check (plugins/module_utils/http/prefix_cache.py): a cold and a warm request sharing a prefix,
   hits read from that pod's /metrics.
 
 and once, through the router (checks in ROUTER_CHECKS):
@@ -31,7 +31,7 @@ Prints one JSON document (per-pod results, then the router's) on stdout; exit st
 and at least --expect-pods pods were found, 1 otherwise, 2 on a usage or environment error. A new per-pod check
 is one function ``check_<name>(ip, args)`` plus one entry in CHECKS; a check that runs once is one function
 ``check_<name>(ips, args)`` plus one entry in ROUTER_CHECKS (through the router) or POOL_CHECKS (over every pod at once:
-kv_index, plugins/module_utils/_kv_index_check.py: a KV-block index built from all pods' events must predict the
+kv_index, plugins/module_utils/kv/index_check.py: a KV-block index built from all pods' events must predict the
 cached tokens each pod reports for a generated workload).
 """
 
@@ -100,7 +100,7 @@ def _host(ip):
 
 
 def check_kv_events(ip, args):
-    check = module_utils("_kv_check")
+    check = module_utils("kv.events_check")
     base = "http://%s:%d" % (_host(ip), args.http_port)
     params = {
         "endpoint": "tcp://%s:%d" % (_host(ip), args.kv_port), "socket_mode": "connect",
@@ -119,8 +119,8 @@ def check_kv_events(ip, args):
 
 
 def check_prefix_cache(ip, args):
-    http = module_utils("_openai_http")
-    prefix = module_utils("_prefix_cache")
+    http = module_utils("http.openai")
+    prefix = module_utils("http.prefix_cache")
     base = "http://%s:%d" % (_host(ip), args.http_port)
     client = http.OpenAIClient(base, timeout=args.timeout)
     probe = prefix.PrefixCacheProbe(client, base + "/metrics", model=args.model, block_size=args.block_size, engine=args.engine,
@@ -170,14 +170,14 @@ def parse_go_duration(text):
 
 
 def make_client(base_url, timeout):
-    return module_utils("_openai_http").OpenAIClient(base_url, timeout=timeout)
+    return module_utils("http.openai").OpenAIClient(base_url, timeout=timeout)
 
 
 def read_metrics(url, timeout):
     """The Prometheus page at ``url`` as {name: value summed over labels}; raises OpenAIHTTPError or PrefixCacheError."""
     base, path = url.split("/metrics", 1)[0], "/metrics"
     text = make_client(base, timeout).get_text(path)
-    return module_utils("_prefix_cache").parse_metrics(text)["samples"]
+    return module_utils("http.prefix_cache").parse_metrics(text)["samples"]
 
 
 def _first(samples, names):
@@ -272,8 +272,8 @@ def _precise_evidence(args, before, mid, after, ttl, waited):
 
 def check_routed_prefix(ips, args):
     """Cold and warm request through the router; the pod that served the repeated prefix reports the hit."""
-    http = module_utils("_openai_http")
-    prefix = module_utils("_prefix_cache")
+    http = module_utils("http.openai")
+    prefix = module_utils("http.prefix_cache")
     if not args.router_url:
         return {"ok": False, "msg": "routed_prefix needs --router-url (the router's OpenAI URL)."}
     try:
@@ -329,7 +329,7 @@ def check_routed_prefix(ips, args):
 
 def check_kv_index(ips, args):
     """Precise routing proof over every pod at once: a KV-block index from the pods' events predicts each pod's cached tokens."""
-    check = module_utils("_kv_index_check")
+    check = module_utils("kv.index_check")
     engines = []
     for ip in ips:
         topic = args.topic_template.replace("$(POD_IP)", ip)

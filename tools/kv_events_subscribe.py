@@ -53,10 +53,10 @@ def parse_args(argv):
 
 def main(argv=None):
     args = parse_args(argv)
-    kv = module_utils("_kv_events")
-    report = module_utils("_kv_report")
-    check = module_utils("_kv_check")
-    if not kv.HAS_MSGSPEC or not module_utils("_kv_zmq").HAS_ZMQ:
+    kv = module_utils("kv.events")
+    report = module_utils("kv.report")
+    check = module_utils("kv.events_check")
+    if not kv.HAS_MSGSPEC or not module_utils("kv.sockets").HAS_ZMQ:
         sys.stderr.write("error: this tool needs the pyzmq and msgspec Python libraries (pip install pyzmq msgspec).\n")
         return 2
     params = {

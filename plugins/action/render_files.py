@@ -13,7 +13,7 @@ from ansible.errors import AnsibleActionFail
 from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
 from ansible.plugins.action import ActionBase
 
-from ansible_collections.inference_cache.substrate.plugins.module_utils import _render_files as render
+from ansible_collections.inference_cache.substrate.plugins.module_utils.common import render_files as render
 
 
 class ActionModule(ActionBase):

@@ -9,7 +9,7 @@
 class ModuleDocFragment(object):
 
     # Options of an HTTP(S) connection to an OpenAI-compatible server;
-    # paired with module_utils/_http_args.py HTTP_ARG_SPEC (keep the two in lock-step).
+    # paired with module_utils/http/args.py HTTP_ARG_SPEC (keep the two in lock-step).
     DOCUMENTATION = r"""
 options:
   api_key:

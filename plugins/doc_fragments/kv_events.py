@@ -6,7 +6,7 @@
 
 class ModuleDocFragment(object):
 
-    # Options of a KV-event stream connection; paired with module_utils/_kv_args.py KV_STREAM_ARG_SPEC.
+    # Options of a KV-event stream connection; paired with module_utils/kv/args.py KV_STREAM_ARG_SPEC.
     DOCUMENTATION = r"""
 options:
   endpoint:

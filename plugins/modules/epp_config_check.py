@@ -226,8 +226,8 @@ summary:
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 
-from ansible_collections.inference_cache.substrate.plugins.module_utils._epp_config import check_epp_config
-from ansible_collections.inference_cache.substrate.plugins.module_utils._epp_plugins import DEFAULT_ROUTER_VERSION, ROUTER_VERSIONS
+from ansible_collections.inference_cache.substrate.plugins.module_utils.epp.config import check_epp_config
+from ansible_collections.inference_cache.substrate.plugins.module_utils.epp.plugins import DEFAULT_ROUTER_VERSION, ROUTER_VERSIONS
 
 try:
     import yaml

@@ -137,8 +137,8 @@ candidates:
 
 import json
 
-from ansible_collections.inference_cache.substrate.plugins.module_utils._ansible_module import ansible_module
-from ansible_collections.inference_cache.substrate.plugins.module_utils._sizing import SizingError, plan
+from ansible_collections.inference_cache.substrate.plugins.module_utils.common.module import ansible_module
+from ansible_collections.inference_cache.substrate.plugins.module_utils.engine.sizing import SizingError, plan
 
 
 def main():

@@ -321,10 +321,10 @@ trigger:
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 
-from ansible_collections.inference_cache.substrate.plugins.module_utils._kv_args import KV_STREAM_ARG_SPEC
-from ansible_collections.inference_cache.substrate.plugins.module_utils._kv_check import CHECK_ARG_SPEC, CheckFailed, KVEventsCheck
-from ansible_collections.inference_cache.substrate.plugins.module_utils._kv_events import HAS_MSGSPEC, MSGSPEC_IMPORT_ERROR
-from ansible_collections.inference_cache.substrate.plugins.module_utils._kv_zmq import HAS_ZMQ, ZMQ_IMPORT_ERROR
+from ansible_collections.inference_cache.substrate.plugins.module_utils.kv.args import KV_STREAM_ARG_SPEC
+from ansible_collections.inference_cache.substrate.plugins.module_utils.kv.events_check import CHECK_ARG_SPEC, CheckFailed, KVEventsCheck
+from ansible_collections.inference_cache.substrate.plugins.module_utils.kv.events import HAS_MSGSPEC, MSGSPEC_IMPORT_ERROR
+from ansible_collections.inference_cache.substrate.plugins.module_utils.kv.sockets import HAS_ZMQ, ZMQ_IMPORT_ERROR
 
 
 def main():

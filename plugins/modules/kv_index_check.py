@@ -316,9 +316,9 @@ elapsed:
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 
-from ansible_collections.inference_cache.substrate.plugins.module_utils._kv_events import HAS_MSGSPEC, MSGSPEC_IMPORT_ERROR
-from ansible_collections.inference_cache.substrate.plugins.module_utils._kv_index_check import ARG_SPEC, CheckFailed, KVIndexCheck
-from ansible_collections.inference_cache.substrate.plugins.module_utils._kv_zmq import HAS_ZMQ, ZMQ_IMPORT_ERROR
+from ansible_collections.inference_cache.substrate.plugins.module_utils.kv.events import HAS_MSGSPEC, MSGSPEC_IMPORT_ERROR
+from ansible_collections.inference_cache.substrate.plugins.module_utils.kv.index_check import ARG_SPEC, CheckFailed, KVIndexCheck
+from ansible_collections.inference_cache.substrate.plugins.module_utils.kv.sockets import HAS_ZMQ, ZMQ_IMPORT_ERROR
 
 
 def main():

@@ -157,7 +157,7 @@ foreign:
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.urls import open_url
 
-from ansible_collections.inference_cache.substrate.plugins.module_utils._engine_process import (
+from ansible_collections.inference_cache.substrate.plugins.module_utils.engine.process import (
     EngineFiles, EngineProcessError, EngineService, file_checksum)
 
 

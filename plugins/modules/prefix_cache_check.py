@@ -246,22 +246,22 @@ failures:
 
 from ansible.module_utils.basic import missing_required_lib
 
-from ansible_collections.inference_cache.substrate.plugins.module_utils._ansible_module import ansible_module
-from ansible_collections.inference_cache.substrate.plugins.module_utils._http_args import (
+from ansible_collections.inference_cache.substrate.plugins.module_utils.common.module import ansible_module
+from ansible_collections.inference_cache.substrate.plugins.module_utils.http.args import (
     HTTP_ARG_SPEC,
     HTTP_RANGES,
     HTTP_REQUIRED_BY,
     client_options,
 )
-from ansible_collections.inference_cache.substrate.plugins.module_utils._openai_http import OpenAIClient
-from ansible_collections.inference_cache.substrate.plugins.module_utils._prefix_cache import (
+from ansible_collections.inference_cache.substrate.plugins.module_utils.http.openai import OpenAIClient
+from ansible_collections.inference_cache.substrate.plugins.module_utils.http.prefix_cache import (
     HAS_PROMETHEUS_CLIENT,
     PROMETHEUS_CLIENT_IMPORT_ERROR,
     PrefixCacheError,
     PrefixCacheProbe,
     evaluate,
 )
-from ansible_collections.inference_cache.substrate.plugins.module_utils._ranges import range_problems
+from ansible_collections.inference_cache.substrate.plugins.module_utils.common.options import range_problems
 
 ARGUMENT_SPEC = dict(
     HTTP_ARG_SPEC,

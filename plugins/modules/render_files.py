@@ -76,7 +76,7 @@ changed_files:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.inference_cache.substrate.plugins.module_utils._render_files import ARGUMENT_SPEC
+from ansible_collections.inference_cache.substrate.plugins.module_utils.common.render_files import ARGUMENT_SPEC
 
 
 def main():

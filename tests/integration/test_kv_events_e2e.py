@@ -33,7 +33,7 @@ ENV = dict(os.environ, ANSIBLE_CALLBACK_RESULT_FORMAT="json", ANSIBLE_NOCOLOR="1
 
 
 def module_utils_check():
-    from ansible_collections.inference_cache.substrate.plugins.module_utils import _kv_check  # pylint: disable=import-outside-toplevel
+    from ansible_collections.inference_cache.substrate.plugins.module_utils.kv import events_check as _kv_check  # pylint: disable=import-outside-toplevel
     return _kv_check
 
 

@@ -39,11 +39,11 @@ import msgspec
 import pytest
 import zmq
 
-from ansible_collections.inference_cache.substrate.plugins.module_utils import _kv_check as check
-from ansible_collections.inference_cache.substrate.plugins.module_utils import _kv_events as kv
-from ansible_collections.inference_cache.substrate.plugins.module_utils import _kv_zmq as kvz
+from ansible_collections.inference_cache.substrate.plugins.module_utils.kv import events_check as check
+from ansible_collections.inference_cache.substrate.plugins.module_utils.kv import events as kv
+from ansible_collections.inference_cache.substrate.plugins.module_utils.kv import sockets as kvz
 
-from ansible_collections.inference_cache.substrate.plugins.module_utils import _epp_decoder as D
+from ansible_collections.inference_cache.substrate.plugins.module_utils.epp import decoder as D
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _engine_lane import ENGINE_PYTHON, ROOT, STATE_DIR  # noqa: E402  pylint: disable=wrong-import-position

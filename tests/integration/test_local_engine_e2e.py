@@ -33,8 +33,8 @@ import time
 
 import pytest
 
-from ansible_collections.inference_cache.substrate.plugins.module_utils import _openai_http as http
-from ansible_collections.inference_cache.substrate.plugins.module_utils import _prefix_cache as pc
+from ansible_collections.inference_cache.substrate.plugins.module_utils.http import openai as http
+from ansible_collections.inference_cache.substrate.plugins.module_utils.http import prefix_cache as pc
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 URL = os.environ.get("LOCAL_ENGINE_URL", "http://127.0.0.1:8000")

@@ -8,7 +8,7 @@
 * defaults/main.yml and meta/argument_specs.yml list the same variables, all with the role prefix;
 * the launcher template, rendered by Ansible with the role's defaults and run with a stand-in Python, passes the
   engine the command and environment REFERENCE part L says work, ``local_engine_kv_events_options`` merged;
-* the engine's process control (module_utils/_engine_process.py and the module local_engine_service) finds a taken port
+* the engine's process control (module_utils/engine/process.py and the module local_engine_service) finds a taken port
   and names its owner, starts and stops a process group, restarts on new settings, and never signals a pid that is not
   the engine it started (a pid reused after a reboot or after the engine died).
 """
@@ -29,7 +29,7 @@ import time
 import pytest
 import yaml
 
-from ansible_collections.inference_cache.substrate.plugins.module_utils import _engine_process as ep
+from ansible_collections.inference_cache.substrate.plugins.module_utils.engine import process as ep
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 BIN = os.path.dirname(os.path.join(ROOT, ".venv", "bin", "python"))

@@ -33,8 +33,10 @@ kubernetes_validate = pytest.importorskip("kubernetes_validate")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _k8s_render as R  # noqa: E402  pylint: disable=wrong-import-position
 
-sys.path.insert(0, os.path.join(R.ROOT, "plugins", "module_utils"))
-import _epp_config  # noqa: E402  pylint: disable=wrong-import-position,import-error
+sys.path.insert(0, os.path.join(R.ROOT, "tools"))
+from _loader import module_utils  # noqa: E402  pylint: disable=wrong-import-position,import-error
+
+_epp_config = module_utils("epp.config")
 
 K8S_VERSIONS = ["1.%d.0" % minor for minor in range(29, 38)]
 DIGEST_RE = re.compile(r"^[^\s@]+@sha256:[0-9a-f]{64}$")
@@ -587,9 +589,9 @@ def test_the_verifier_job_carries_every_file_its_tool_imports(rendered, name, tm
         path = tmp_path / item["path"]
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(config["data"][item["key"]])
-    tool = config["data"]["cluster_verify.py"]
-    names = sorted(set(re.findall(r'module_utils\("(\w+)"\)', tool)))
-    assert "_kv_check" in names and "_kv_index_check" in names
+    tool = config["data"]["tools.cluster_verify.py"]
+    names = sorted(set(re.findall(r'module_utils\("([\w.]+)"\)', tool)))
+    assert "kv.events_check" in names and "kv.index_check" in names
     code = "import sys; sys.path.insert(0, 'tools'); from _loader import module_utils; [module_utils(n) for n in %r]" % names
     env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1", PYTHONPATH="")
     run = __import__("subprocess").run([sys.executable, "-c", code], cwd=str(tmp_path), env=env, capture_output=True, text=True,

@@ -508,7 +508,7 @@ def only(entries, role, group=None):
 
 
 def test_vllm_cpu_pod_command_serves(commands, checked, tmp_path):  # pylint: disable=redefined-outer-name
-    from ansible_collections.inference_cache.substrate.plugins.module_utils import _kv_check as kv_check  # pylint: disable=import-outside-toplevel
+    from ansible_collections.inference_cache.substrate.plugins.module_utils.kv import events_check as kv_check  # pylint: disable=import-outside-toplevel
 
     entry = only(commands["per_case"][STARTED_ENGINE_CASE], "engine-pod")
     default = only(commands["per_case"][DEFAULT_CPU_CASE], "engine-pod")

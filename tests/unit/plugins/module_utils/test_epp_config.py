@@ -18,8 +18,8 @@ import copy
 
 import pytest
 
-from ansible_collections.inference_cache.substrate.plugins.module_utils._epp_config import check_epp_config
-from ansible_collections.inference_cache.substrate.plugins.module_utils._epp_plugins import PLUGINS, plugin_types
+from ansible_collections.inference_cache.substrate.plugins.module_utils.epp.config import check_epp_config
+from ansible_collections.inference_cache.substrate.plugins.module_utils.epp.plugins import PLUGINS, plugin_types
 
 ENGINE = {"block_size": 32, "hash_seed": "42", "topic": "kv@$(POD_IP):8000@Qwen/Qwen3-0.6B", "kv_events_port": 5557,
           "engine_type": "vllm", "kv_events_enabled": True}
@@ -670,7 +670,7 @@ def test_deprecations_are_warnings_and_engine_arguments_are_input():
 
 
 def test_every_behaviour_rule_is_a_known_kind_with_a_pinned_source():
-    from ansible_collections.inference_cache.substrate.plugins.module_utils._epp_plugins import BEHAVIOUR, KINDS
+    from ansible_collections.inference_cache.substrate.plugins.module_utils.epp.plugins import BEHAVIOUR, KINDS
     for rule, (kind, sentence, source) in BEHAVIOUR["v0.9.0"].items():
         assert kind in KINDS, rule
         assert sentence.endswith("."), rule

@@ -19,7 +19,7 @@ import re
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ansible_collections.inference_cache.substrate.plugins.module_utils._epp_config import check_epp_config
+from ansible_collections.inference_cache.substrate.plugins.module_utils.epp.config import check_epp_config
 from ansible_collections.inference_cache.substrate.tests.unit.plugins.module_utils.test_epp_config import DISAGG, ENGINE, PRECISE
 
 # Text that means a raw Python error reached the sentence.

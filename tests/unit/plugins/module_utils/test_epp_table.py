@@ -16,9 +16,9 @@ __metaclass__ = type  # pylint: disable=invalid-name
 
 import pytest
 
-from ansible_collections.inference_cache.substrate.plugins.module_utils._epp_plugins import (
+from ansible_collections.inference_cache.substrate.plugins.module_utils.epp.plugins import (
     CONFIG_SCHEMA, DEFAULT_ROUTER_VERSION, KV_CACHE_REF, PLUGINS, ROUTER_VERSIONS, allowed_fields, plugin_types)
-from ansible_collections.inference_cache.substrate.plugins.module_utils._epp_schema import fields_at
+from ansible_collections.inference_cache.substrate.plugins.module_utils.epp.schema import fields_at
 
 # llm-d/llm-d-router@v0.9.0:cmd/epp/runner/runner.go, registerInTreePlugins (fwkplugin.Register / RegisterAsDefaultProducer).
 V090_TYPES = sorted("""

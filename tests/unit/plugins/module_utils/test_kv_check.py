@@ -17,11 +17,11 @@ import msgspec
 import pytest
 import zmq
 
-from ansible_collections.inference_cache.substrate.plugins.module_utils._kv_args import KV_STREAM_ARG_SPEC
-from ansible_collections.inference_cache.substrate.plugins.module_utils._kv_check import (
+from ansible_collections.inference_cache.substrate.plugins.module_utils.kv.args import KV_STREAM_ARG_SPEC
+from ansible_collections.inference_cache.substrate.plugins.module_utils.kv.events_check import (
     CHECK_ARG_SPEC, CheckFailed, KVEventsCheck, send_trigger)
-from ansible_collections.inference_cache.substrate.plugins.module_utils._http_args import HTTP_ARG_SPEC
-from ansible_collections.inference_cache.substrate.plugins.module_utils._openai_http import OpenAIHTTPError
+from ansible_collections.inference_cache.substrate.plugins.module_utils.http.args import HTTP_ARG_SPEC
+from ansible_collections.inference_cache.substrate.plugins.module_utils.http.openai import OpenAIHTTPError
 from ansible_collections.inference_cache.substrate.tests.unit.plugins.http_server import tls_scripted_server
 from ansible_collections.inference_cache.substrate.tests.unit.plugins.net_utils import free_port
 from ansible_collections.inference_cache.substrate.tests.unit.plugins.sentences import assert_one_sentence

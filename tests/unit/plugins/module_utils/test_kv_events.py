@@ -18,10 +18,10 @@ import zmq
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ansible_collections.inference_cache.substrate.plugins.module_utils import _kv_events as kv
-from ansible_collections.inference_cache.substrate.plugins.module_utils import _kv_report as report
-from ansible_collections.inference_cache.substrate.plugins.module_utils import _kv_stream as stream
-from ansible_collections.inference_cache.substrate.plugins.module_utils import _kv_zmq as kvz
+from ansible_collections.inference_cache.substrate.plugins.module_utils.kv import events as kv
+from ansible_collections.inference_cache.substrate.plugins.module_utils.kv import report as report
+from ansible_collections.inference_cache.substrate.plugins.module_utils.kv import stream as stream
+from ansible_collections.inference_cache.substrate.plugins.module_utils.kv import sockets as kvz
 from ansible_collections.inference_cache.substrate.tools import _kv_synthetic as synth
 
 ENC = msgspec.msgpack.encode

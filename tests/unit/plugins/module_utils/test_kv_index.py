@@ -11,10 +11,10 @@ __metaclass__ = type  # pylint: disable=invalid-name
 
 import pytest
 
-from ansible_collections.inference_cache.substrate.plugins.module_utils import _kv_index as kvi
-from ansible_collections.inference_cache.substrate.plugins.module_utils import _kv_index_approx as approx
-from ansible_collections.inference_cache.substrate.plugins.module_utils import _kv_index_workload as workload
-from ansible_collections.inference_cache.substrate.plugins.module_utils._kv_events import Event
+from ansible_collections.inference_cache.substrate.plugins.module_utils.kv import index as kvi
+from ansible_collections.inference_cache.substrate.plugins.module_utils.kv import index_approx as approx
+from ansible_collections.inference_cache.substrate.plugins.module_utils.kv import workload as workload
+from ansible_collections.inference_cache.substrate.plugins.module_utils.kv.events import Event
 
 BS = 4
 TOKENS = list(range(100, 118))          # 4 full blocks and 2 tokens

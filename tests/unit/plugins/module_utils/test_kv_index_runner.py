@@ -16,8 +16,8 @@ import os
 
 import pytest
 
-from ansible_collections.inference_cache.substrate.plugins.module_utils import _kv_index_check as chk
-from ansible_collections.inference_cache.substrate.plugins.module_utils._http_args import HTTP_ARG_SPEC
+from ansible_collections.inference_cache.substrate.plugins.module_utils.kv import index_check as chk
+from ansible_collections.inference_cache.substrate.plugins.module_utils.http.args import HTTP_ARG_SPEC
 from ansible_collections.inference_cache.substrate.tests.unit.plugins.kv_index_fake import FakeEngine
 from ansible_collections.inference_cache.substrate.tests.unit.plugins.net_utils import free_port
 from ansible_collections.inference_cache.substrate.tests.unit.plugins.sentences import assert_one_sentence
@@ -259,7 +259,7 @@ def _stored(hashes, parent, tokens):
 
 
 def _stream():
-    from ansible_collections.inference_cache.substrate.plugins.module_utils._kv_index import KVBlockIndex  # pylint: disable=import-outside-toplevel
+    from ansible_collections.inference_cache.substrate.plugins.module_utils.kv.index import KVBlockIndex  # pylint: disable=import-outside-toplevel
     check = chk.KVIndexCheck({"engines": []})
     check.index = KVBlockIndex(4, "tiny")
     check.uncounted = KVBlockIndex(4, "tiny", count_copies=False)

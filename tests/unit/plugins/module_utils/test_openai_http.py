@@ -21,7 +21,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ansible_collections.inference_cache.substrate.plugins.module_utils import _openai_http as http
+from ansible_collections.inference_cache.substrate.plugins.module_utils.http import openai as http
 from ansible_collections.inference_cache.substrate.tests.unit.plugins.http_server import ScriptedServer, sse, tls_scripted_server
 from ansible_collections.inference_cache.substrate.tests.unit.plugins.net_utils import free_port
 

@@ -13,8 +13,8 @@ import json
 
 import pytest
 
-from ansible_collections.inference_cache.substrate.plugins.module_utils import _openai_http as http
-from ansible_collections.inference_cache.substrate.plugins.module_utils import _prefix_cache as pc
+from ansible_collections.inference_cache.substrate.plugins.module_utils.http import openai as http
+from ansible_collections.inference_cache.substrate.plugins.module_utils.http import prefix_cache as pc
 
 VLLM_PAGE = """\
 # HELP vllm:prefix_cache_queries Prefix cache queries, in terms of number of queried tokens.

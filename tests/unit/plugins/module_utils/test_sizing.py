@@ -11,7 +11,7 @@ __metaclass__ = type  # pylint: disable=invalid-name
 
 import pytest
 
-from ansible_collections.inference_cache.substrate.plugins.module_utils import _sizing as S
+from ansible_collections.inference_cache.substrate.plugins.module_utils.engine import sizing as S
 
 GIB = 1024 ** 3
 # Llama-3.1-8B: 32 layers, 32 heads, 8 KV heads, hidden 4096 (head 128), bf16.

@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ansible_collections.inference_cache.substrate.plugins.modules import prefix_cache_check as module
-from ansible_collections.inference_cache.substrate.plugins.module_utils import _prefix_cache as pc
+from ansible_collections.inference_cache.substrate.plugins.module_utils.http import prefix_cache as pc
 from ansible_collections.inference_cache.substrate.tests.unit.plugins.modules.utils import run_module
 from ansible_collections.inference_cache.substrate.tests.unit.plugins.http_server import ScriptedServer, sse
 from ansible_collections.inference_cache.substrate.tests.unit.plugins.net_utils import free_port

@@ -32,7 +32,7 @@ except ImportError:  # pragma: no cover - exercised by the module's missing_requ
     HAS_ZMQ = False
     ZMQ_IMPORT_ERROR = traceback.format_exc()
 
-from ._kv_events import MAX_PAYLOAD, parse_replay_reply, seq_to_bytes
+from .events import MAX_PAYLOAD, parse_replay_reply, seq_to_bytes
 
 PEER_EVENTS = ("EVENT_CONNECTED", "EVENT_ACCEPTED", "EVENT_HANDSHAKE_SUCCEEDED")
 # Largest inbound frame accepted (ZMQ_MAXMSGSIZE): a bigger one makes libzmq drop the connection instead of

@@ -17,7 +17,7 @@ from __future__ import absolute_import, division, print_function
 
 __metaclass__ = type  # pylint: disable=invalid-name
 
-from ._ranges import range_problems
+from ..common.options import range_problems
 
 DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024
 

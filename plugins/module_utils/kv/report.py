@@ -17,7 +17,7 @@ __metaclass__ = type  # pylint: disable=invalid-name
 
 import json
 
-from ._kv_events import EVENT_TYPES
+from .events import EVENT_TYPES
 
 MAX_TOPICS = 256
 OTHER_TOPICS_OVERFLOW = "(more topics)"

@@ -38,7 +38,7 @@ except ImportError:  # pragma: no cover - exercised through the module's missing
     HAS_PROMETHEUS_CLIENT = False
     PROMETHEUS_CLIENT_IMPORT_ERROR = traceback.format_exc()
 
-from ._openai_http import OpenAIHTTPError, cached_tokens, check_usage, model_ids
+from .openai import OpenAIHTTPError, cached_tokens, check_usage, model_ids
 
 # (engine, hits counter, queries counter), first match on the metrics page wins.
 METRIC_SETS = (

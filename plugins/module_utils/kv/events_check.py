@@ -28,15 +28,15 @@ import math
 import re
 import time
 
-from . import _epp_decoder as router_decoder
-from . import _kv_wire as wire
-from ._http_args import HTTP_ARG_SPEC, client_options, http_problem
-from ._kv_args import LIMITS as STREAM_LIMITS
-from ._kv_events import EVENT_TYPES, KVDecoder, MalformedMessage
-from ._kv_report import KVStats, batch_json_lines
-from ._kv_stream import SequenceTracker
-from ._kv_zmq import SocketSetupError, drain_monitor, offset_endpoint, open_socket, replay, zmq
-from ._openai_http import OpenAIClient, OpenAIHTTPError, cached_tokens, model_ids
+from ..epp import decoder as router_decoder
+from . import wire as wire
+from ..http.args import HTTP_ARG_SPEC, client_options, http_problem
+from .args import LIMITS as STREAM_LIMITS
+from .events import EVENT_TYPES, KVDecoder, MalformedMessage
+from .report import KVStats, batch_json_lines
+from .stream import SequenceTracker
+from .sockets import SocketSetupError, drain_monitor, offset_endpoint, open_socket, replay, zmq
+from ..http.openai import OpenAIClient, OpenAIHTTPError, cached_tokens, model_ids
 
 DEFAULT_EXPECT = {"BlockStored": 1}
 DEFAULT_PROMPT = " ".join([

@@ -33,11 +33,7 @@ from __future__ import absolute_import, division, print_function
 
 __metaclass__ = type  # pylint: disable=invalid-name
 
-try:
-    from ._epp_schema import ANY, BOOL, GO_DURATION, NANOSECONDS, QUANTITY, STR, enum, fields_at, integer, list_of, map_of, number, obj
-except ImportError:  # loaded as a top-level module (tests that put module_utils on sys.path)
-    from _epp_schema import (  # pylint: disable=import-error
-        ANY, BOOL, GO_DURATION, NANOSECONDS, QUANTITY, STR, enum, fields_at, integer, list_of, map_of, number, obj)
+from .schema import ANY, BOOL, GO_DURATION, NANOSECONDS, QUANTITY, STR, enum, fields_at, integer, list_of, map_of, number, obj
 
 ROUTER_VERSIONS = ("v0.9.0",)
 DEFAULT_ROUTER_VERSION = "v0.9.0"

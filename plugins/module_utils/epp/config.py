@@ -26,16 +26,10 @@ __metaclass__ = type  # pylint: disable=invalid-name
 import copy
 import re
 
-try:
-    from ._epp_plugins import (
-        BEHAVIOUR, BROKEN, CONFIG_SCHEMA, DEFAULT_CONFIG, DEFAULT_ROUTER_VERSION, FEATURE_GATES, INPUT, PLUGINS, REFUSED,
-        REMOVED_OR_LATER, ROUTER_VERSIONS, SEMANTICS, WARNING)
-    from ._epp_schema import show, type_name, validate
-except ImportError:  # loaded as a top-level module (tests that put module_utils on sys.path)
-    from _epp_plugins import (  # pylint: disable=import-error
-        BEHAVIOUR, BROKEN, CONFIG_SCHEMA, DEFAULT_CONFIG, DEFAULT_ROUTER_VERSION, FEATURE_GATES, INPUT, PLUGINS, REFUSED,
-        REMOVED_OR_LATER, ROUTER_VERSIONS, SEMANTICS, WARNING)
-    from _epp_schema import show, type_name, validate  # pylint: disable=import-error
+from .plugins import (
+    BEHAVIOUR, BROKEN, CONFIG_SCHEMA, DEFAULT_CONFIG, DEFAULT_ROUTER_VERSION, FEATURE_GATES, INPUT, PLUGINS, REFUSED,
+    REMOVED_OR_LATER, ROUTER_VERSIONS, SEMANTICS, WARNING)
+from .schema import show, type_name, validate
 
 API_VERSION = "llm-d.ai/v1alpha1"
 DEPRECATED_API_VERSIONS = ("inference.networking.x-k8s.io/v1alpha1",)

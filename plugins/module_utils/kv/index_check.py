@@ -23,13 +23,13 @@ __metaclass__ = type  # pylint: disable=invalid-name
 import re
 import time
 
-from ._http_args import HTTP_ARG_SPEC, client_options, http_problem
-from ._kv_events import KVDecoder, MalformedMessage
-from ._kv_index import KVBlockIndex, predicted_cached_tokens
-from ._kv_index_approx import ApproxPrefixPredictor, block_hashes, effective_block_size
-from ._kv_index_workload import WORKLOAD_SPEC, build as build_workload
-from ._kv_zmq import SocketSetupError, drain_monitor, open_socket, replay, zmq
-from ._openai_http import OpenAIClient, OpenAIHTTPError, cached_tokens, model_ids
+from ..http.args import HTTP_ARG_SPEC, client_options, http_problem
+from .events import KVDecoder, MalformedMessage
+from .index import KVBlockIndex, predicted_cached_tokens
+from .index_approx import ApproxPrefixPredictor, block_hashes, effective_block_size
+from .workload import WORKLOAD_SPEC, build as build_workload
+from .sockets import SocketSetupError, drain_monitor, open_socket, replay, zmq
+from ..http.openai import OpenAIClient, OpenAIHTTPError, cached_tokens, model_ids
 
 # Each engine's HTTP connection takes the collection's HTTP options (auth, TLS, proxy, body limit: _http_args).
 ENGINE_SPEC = dict(HTTP_ARG_SPEC, **{
