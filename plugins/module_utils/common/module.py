@@ -5,11 +5,16 @@
 
 # PRIVATE to the inference_cache.substrate collection: the names here may change without notice.
 
-"""``AnsibleModule`` that answers an infinite number given to an ``int`` option with one sentence.
+"""The collection's one module base: an option table in, facts or one sentence out.
 
-ansible-core's ``check_type_int`` (2.19) converts through ``decimal`` and lets ``OverflowError`` escape for an
-infinite float (YAML ``.inf``): the module would die with "cannot convert Infinity to integer" and a traceback.
-This wrapper catches that one case and fails the way every other wrong type fails.
+``run_module(table, run, requirements=...)`` builds ``AnsibleModule`` from the table's argument spec, fails with
+``missing_required_lib`` for an absent library, validates the options with the same table (``common/options.py``:
+ranges, shapes, nested tables), calls ``run(params, module)`` and exits with what it returns, ``changed`` false
+unless the facts say otherwise; a ``CheckError`` becomes ``fail_json`` with its sentence and its facts.
+
+Where ansible-core's own validator raises instead of failing (an infinite float given to an ``int`` option
+raises ``OverflowError`` in 2.19's ``check_type_int``; a list where a mapping with suboptions is expected raises
+``TypeError``), the options are taken as they are and the table's validation names the one that is wrong.
 """
 
 from __future__ import absolute_import, division, print_function
@@ -18,17 +23,57 @@ __metaclass__ = type  # pylint: disable=invalid-name
 
 import math
 
-from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.basic import AnsibleModule, missing_required_lib
+
+from .errors import CheckError
+from .options import argument_spec, validate
+
+VALIDATOR_CRASHES = (TypeError, AttributeError, ValueError, OverflowError)
 
 
-def ansible_module(argument_spec, **kwargs):
-    """``AnsibleModule(argument_spec, **kwargs)``, failing with one sentence where ansible-core would raise."""
+def _raw_module(spec, module_kwargs):
+    raw = dict((name, {"type": "raw", "no_log": bool(entry.get("no_log"))}) for name, entry in spec.items())
+    kwargs = dict((k, v) for k, v in module_kwargs.items() if k in ("supports_check_mode",))
+    return AnsibleModule(argument_spec=raw, **kwargs)
+
+
+def _crash_sentence(table, params):
+    """One sentence for options ansible-core's validator crashed on."""
+    bad = sorted(name for name, value in params.items()
+                 if isinstance(value, float) and math.isinf(value) and table.get(name, {}).get("type") == "int")
+    if bad:
+        return "%s must be a whole number, got an infinite number." % " and ".join(bad)
     try:
-        return AnsibleModule(argument_spec=argument_spec, **kwargs)
-    except OverflowError:
-        raw = dict((name, {"type": "raw", "no_log": bool(spec.get("no_log"))}) for name, spec in argument_spec.items())
-        module = AnsibleModule(argument_spec=raw, supports_check_mode=True)
-        bad = sorted(name for name, value in module.params.items()
-                     if isinstance(value, float) and math.isinf(value) and argument_spec[name].get("type") == "int")
-        module.fail_json(msg="%s must be a whole number, got an infinite number." % (" and ".join(bad) or "An option"), changed=False)
+        validate(table, params)
+    except CheckError as exc:
+        return exc.msg
+    return "The options could not be validated; check their types against the module documentation."
+
+
+def ansible_module(table, **module_kwargs):
+    """``AnsibleModule`` for an option table, failing with one sentence where ansible-core's validator would raise."""
+    spec = argument_spec(table)
+    try:
+        return AnsibleModule(argument_spec=spec, **module_kwargs)
+    except VALIDATOR_CRASHES:
+        module = _raw_module(spec, module_kwargs)
+        module.fail_json(msg=_crash_sentence(table, module.params), changed=False)
     return None  # not reached: fail_json exits
+
+
+def run_module(table, run, requirements=(), **module_kwargs):
+    """Run one check module: ``run(params, module)`` returns its facts or raises ``CheckError``.
+
+    ``requirements``: ``(library name, present?, import traceback)`` triples, checked before anything runs.
+    """
+    module_kwargs.setdefault("supports_check_mode", True)
+    module = ansible_module(table, **module_kwargs)
+    for name, present, error in requirements:
+        if not present:
+            module.fail_json(msg=missing_required_lib(name), exception=error)
+    try:
+        params = validate(table, module.params)
+        facts = run(params, module)
+    except CheckError as exc:
+        module.fail_json(msg=exc.msg, **dict(exc.facts, changed=False))
+    module.exit_json(**dict({"changed": False}, **facts))

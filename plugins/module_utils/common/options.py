@@ -5,10 +5,21 @@
 
 # PRIVATE to the inference_cache.substrate collection: the names here may change without notice.
 
-"""Range checks of numeric options, declared as a table (plain Python, no Ansible).
+"""Option tables: one declaration per check gives both its argument spec and its plain-Python validation (no Ansible).
 
-``RANGES = {"timeout": (0, 3600, "open-low")}`` reads: ``timeout`` must be above 0 and at most 3600.
-``range_problems(params, RANGES)`` returns one sentence per option out of range; unset options (None) pass.
+A table maps each option name to an ``argument_spec`` entry (``type``, ``default``, ``required``, ``choices``,
+``no_log``, ``elements``, ``options``) plus the keys ansible-core does not know:
+
+* ``range``: ``(low, high)`` or ``(low, high, "open-low")``; ``high`` None is unbounded. ``(0, 3600, "open-low")``
+  reads: above 0 and at most 3600;
+* ``shape``: ``(regex, "a ZMQ endpoint such as tcp://HOST:PORT")``: a string must match the regex, else
+  "<name> must be <what>, got <value>.";
+* ``check``: a function ``(value, name) -> sentence or None`` for what a table cannot say.
+
+``argument_spec(table)`` strips those keys (for ``AnsibleModule``); ``validate(table, params)`` applies the defaults
+and checks every option (types, choices, ranges, shapes, nested tables), raising ``CheckError`` with one sentence
+on the first problem, so the modules, the CLI tools and the tests share one validation. ``range_problems(params,
+ranges)`` is the range rule alone, for callers that collect sentences.
 """
 
 from __future__ import absolute_import, division, print_function
@@ -16,6 +27,15 @@ from __future__ import absolute_import, division, print_function
 __metaclass__ = type  # pylint: disable=invalid-name
 
 import math
+import re
+
+from .errors import CheckError
+
+EXTRA_KEYS = ("range", "shape", "check")
+KINDS = {
+    "str": "a string", "path": "a path", "int": "an integer", "float": "a number", "bool": "true or false",
+    "dict": "a mapping", "list": "a list",
+}
 
 
 def _fmt(number):
@@ -44,3 +64,86 @@ def range_problems(params, ranges):
                 wanted = "between %s and %s" % (_fmt(low), _fmt(high))
             problems.append("%s must be %s, got %s." % (name, wanted, _fmt(value) if not math.isinf(value) else value))
     return problems
+
+
+def argument_spec(table):
+    """The ``argument_spec`` of ``AnsibleModule`` for an option table (its own keys removed, nested tables too)."""
+    spec = {}
+    for name, entry in table.items():
+        entry = dict((k, v) for k, v in entry.items() if k not in EXTRA_KEYS)
+        if "options" in entry:
+            entry["options"] = argument_spec(entry["options"])
+        spec[name] = entry
+    return spec
+
+
+def _type_ok(kind, value):
+    if kind in ("str", "path"):
+        return isinstance(value, str)
+    if kind == "int":
+        return isinstance(value, int) and not isinstance(value, bool)
+    if kind == "float":
+        return isinstance(value, (int, float)) and not isinstance(value, bool) and not math.isnan(value)
+    if kind == "bool":
+        return isinstance(value, bool)
+    if kind == "dict":
+        return isinstance(value, dict)
+    if kind == "list":
+        return isinstance(value, (list, tuple))
+    return True
+
+
+def _problem(entry, name, value):
+    """The first thing wrong with one set value, as a sentence (None when it is right); nested tables not included."""
+    kind = entry.get("type", "str")
+    if not _type_ok(kind, value):
+        return "%s must be %s, got %r." % (name, KINDS.get(kind, kind), value)
+    if entry.get("choices") is not None and value not in entry["choices"]:
+        return "%s must be one of %s, got %r." % (name, ", ".join(str(c) for c in entry["choices"]), value)
+    if "range" in entry:
+        problems = range_problems({name: value}, {name: entry["range"]})
+        if problems:
+            return problems[0]
+    if "shape" in entry:
+        pattern, what = entry["shape"]
+        if not re.match(pattern, value):
+            return "%s must be %s, got %r." % (name, what, value)
+    if "check" in entry:
+        return entry["check"](value, name)
+    return None
+
+
+def validate(table, params, where=""):
+    """``params`` with the table's defaults applied, every option checked; raises ``CheckError`` on the first problem.
+
+    ``where`` prefixes option names in sentences (``trigger.`` for a nested table, ``engines[0].`` for a list item).
+    Unknown options are kept as they are (``AnsibleModule`` refuses them where it runs).
+    """
+    if not isinstance(params, dict):
+        raise CheckError("%s must be a mapping, got %r." % (where.rstrip(".") or "The options", params))
+    out = dict(params)
+    for name in sorted(table):
+        entry = table[name]
+        label = where + name
+        value = out.get(name)
+        if value is None:
+            if entry.get("required"):
+                raise CheckError("%s is required." % label)
+            value = out[name] = entry.get("default")
+            if value is None:
+                continue
+        problem = _problem(entry, label, value)
+        if problem:
+            raise CheckError(problem)
+        sub = entry.get("options")
+        if sub and entry.get("type") == "dict":
+            out[name] = validate(sub, value, label + ".")
+        elif sub and entry.get("type") == "list":
+            out[name] = [validate(sub, item, "%s[%d]." % (label, pos)) for pos, item in enumerate(value)]
+        elif entry.get("type") == "list" and entry.get("elements"):
+            element = {"type": entry["elements"]}
+            for pos, item in enumerate(value):
+                problem = _problem(element, "%s[%d]" % (label, pos), item)
+                if problem:
+                    raise CheckError(problem)
+    return out
