@@ -11,8 +11,8 @@ the llm-d EPP cannot be built here (the Go module proxy refuses github.com/llm-d
 routed by this script to ONE of the engines by one of four policies:
 
 * precise: the engine with the most predicted cached tokens in the KV-block index built from the engines' KV
-  events (``_kv_index_check.KVIndexCheck``: copies counted, what ``kv_index_check`` proves exact);
-* approximate: the engine with the most matched blocks in ``_kv_index_approx.ApproxPrefixPredictor``, the
+  events (``kv/index_check.KVIndexCheck``: copies counted, what ``kv_index_check`` proves exact);
+* approximate: the engine with the most matched blocks in ``kv/index_approx.ApproxPrefixPredictor``, the
   model of llm-d's approx-prefix-cache-producer (routing history only, character blocks, an LRU of
   ``num_gpu_blocks`` entries per engine), fed with its own routing decisions;
 * load-only: the engine with the fewest requests sent so far (requests are sequential: round robin);
@@ -64,7 +64,8 @@ approx_mod = module_utils("kv.index_approx")
 kv_index = module_utils("kv.index")
 workload_mod = module_utils("kv.workload")
 http = module_utils("http.openai")
-kv_zmq = module_utils("kv.sockets")
+wiring = module_utils("common.wiring")
+errors = module_utils("common.errors")
 
 POLICIES = ("precise", "approximate", "load-only", "random")
 DEFAULT_ENGINES = ("bench-a=8400,5800,5801", "bench-b=8401,5802,5803")
@@ -146,30 +147,16 @@ class RoutingBench(check.KVIndexCheck):
 
     def run(self):
         """KVIndexCheck.run's steps, with the configurations in place of its workload; returns one row per configuration."""
-        self.start = self.clock()
-        specs = self.validate()
-        self.deadline = self.start + float(self.params.get("timeout") or 1800.0)
-        self.engines = [check.Engine(spec, self._client(spec)) for spec in specs]
-        self.by_name = dict((e.name, e) for e in self.engines)
-        self.discover()
+        self.prepare()
         for engine in self.engines:   # the topic the engine publishes under: kv@<host>:<port>@<served model name>
-            if engine.topic.endswith("@"):
-                engine.topic += self.model
-        ctx = kv_zmq.zmq.Context()
-        try:
-            self.open_streams(ctx)
-            self.wait_connected(ctx)
-            self.settle(ctx)
-            self.catch_up(ctx)
-            self.settle(ctx)
+            prefix, pod, model = wiring.split_topic(engine.topic)
+            if not model:
+                host, port = pod.rsplit(":", 1)
+                engine.source.topic = wiring.kv_topic(host, port, self.model, prefix)
+        with self.listening():
+            self.settle()
             for policy in self.policies:
-                self.rows.append(self.run_policy(ctx, policy, self.workloads[policy]))
-        finally:
-            for engine in self.engines:
-                for sock in (engine.sock, engine.mon):
-                    if sock is not None:
-                        sock.close(0)
-            ctx.term()
+                self.rows.append(self.run_policy(policy, self.workloads[policy]))
         return self.rows
 
     def counters(self):
@@ -184,7 +171,7 @@ class RoutingBench(check.KVIndexCheck):
     def removed(self):
         return dict((e.name, self.index.engines[e.name].removed_blocks if e.name in self.index.engines else 0) for e in self.engines)
 
-    def run_policy(self, ctx, policy, requests):
+    def run_policy(self, policy, requests):
         names = sorted(e.name for e in self.engines)
         self.state = {
             "policy": policy,
@@ -198,11 +185,11 @@ class RoutingBench(check.KVIndexCheck):
         }
         for engine in self.engines:
             self.state["approx"].set_capacity(engine.name, engine.num_gpu_blocks)
-        self.settle(ctx)
+        self.settle()
         before, removed_before, start = self.counters(), self.removed(), self.clock()
         for request in requests:
-            self.run_step(ctx, request)
-        self.settle(ctx)
+            self.run_step(request)
+        self.settle()
         after, removed_after, elapsed = self.counters(), self.removed(), self.clock() - start
         return self.row(policy, before, after, removed_before, removed_after, elapsed)
 
@@ -220,9 +207,9 @@ class RoutingBench(check.KVIndexCheck):
             scores = {}
         return min(names, key=lambda n: (-scores.get(n, 0), sent[n], n))
 
-    def run_step(self, ctx, step):
+    def run_step(self, step):
         policy = self.state["policy"]
-        self.drain(ctx)   # the previous step settled: nothing should be pending, but apply anything that is
+        self.drain()   # the previous step settled: nothing should be pending, but apply anything that is
         tokens = self.tokenize(self.engines[0], step.prompt)   # one model, one tokenizer on every engine
         keys = self.index.prompt_keys(tokens)
         self.state["keys"].update(keys)
@@ -238,7 +225,7 @@ class RoutingBench(check.KVIndexCheck):
         engine.requests += 1
         if hashes is not None:
             approx.routed(name, hashes)   # the producer records the decision before the response (PreRequest)
-        since = engine.activity
+        since = engine.source.activity
         body = {"model": self.model, "prompt": step.prompt, "max_tokens": int(self.params.get("max_tokens") or 1),
                 "temperature": 0}
         try:
@@ -252,7 +239,7 @@ class RoutingBench(check.KVIndexCheck):
             self.state["failed"] += 1
             if len(self.state["failures"]) < 3:
                 self.state["failures"].append("request %d to %s: %s" % (step.index, name, exc))
-            self.settle(ctx)
+            self.settle()
             return
         best = max(precise.values())
         self.state["records"].append({
@@ -261,7 +248,7 @@ class RoutingBench(check.KVIndexCheck):
             "ttft": answer["ttft"], "latency": answer["latency"], "index": step.index, "tenant": step.tenant,
         })
         expect_store = (len(tokens) // self.block_size) * self.block_size > reported
-        self.settle(ctx, wait_for=engine if expect_store else None, since=since)
+        self.settle(wait_for=engine if expect_store else None, since=since)
 
     def row(self, policy, before, after, removed_before, removed_after, elapsed):
         recs = self.state["records"]
@@ -313,7 +300,7 @@ def parse_engine(text):
         raise argparse.ArgumentTypeError("--engine wants NAME=PORT,EVENTS_PORT,REPLAY_PORT, got %r" % text)
     name, port, events, replay = match.groups()
     return {"name": name, "url": "http://127.0.0.1:%s" % port, "endpoint": "tcp://127.0.0.1:%s" % events,
-            "socket_mode": "bind", "replay_endpoint": "tcp://127.0.0.1:%s" % replay, "topic": "kv@127.0.0.1:%s@" % port}
+            "socket_mode": "bind", "replay_endpoint": "tcp://127.0.0.1:%s" % replay, "topic": wiring.kv_topic("127.0.0.1", port, "")}
 
 
 def reachable(spec):
@@ -386,7 +373,7 @@ def main():
     started = time.time()
     try:
         rows = bench.run()
-    except check.CheckFailed as exc:
+    except errors.CheckError as exc:
         print("bench_routing: %s" % exc.msg)
         return 1
     if args.records:

@@ -24,6 +24,7 @@ import sys
 import time
 
 if (__package__ or "").startswith("ansible_collections."):
+    from ansible_collections.inference_cache.substrate.plugins.module_utils.kv import consumer as kvc
     from ansible_collections.inference_cache.substrate.plugins.module_utils.kv import events as kv
     from ansible_collections.inference_cache.substrate.plugins.module_utils.kv import sockets as kvz
 else:  # run from tools/: load the collection's module_utils without installing it
@@ -31,12 +32,13 @@ else:  # run from tools/: load the collection's module_utils without installing 
     from _loader import module_utils  # pylint: disable=import-error
     kv = module_utils("kv.events")
     kvz = module_utils("kv.sockets")
+    kvc = module_utils("kv.consumer")
 
 zmq = kvz.zmq
 HAS_ZMQ = kvz.HAS_ZMQ
 HAS_MSGSPEC = kv.HAS_MSGSPEC
-SocketSetupError = kvz.SocketSetupError
-open_socket = kvz.open_socket
+SocketSetupError = kvc.SocketSetupError
+open_socket = kvc.open_checked  # kv/sockets.open_socket, a bind or connect failure as one sentence
 seq_to_bytes = kv.seq_to_bytes
 END_SEQ_BYTES = kv.END_SEQ_BYTES
 WIRE_FORMATS = ("vllm-map", "vllm-array", "sglang")

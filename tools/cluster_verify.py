@@ -18,6 +18,9 @@ headless Service (one DNS record per ready pod) and runs, against each pod IP in
 
 and once, through the router (checks in ROUTER_CHECKS):
 
+* epp_route: the prefix warmed through the router, then the EPP asked over ext_proc (--epp-address; the route check,
+  plugins/module_utils/epp/route_check.py) where the same prefix with another question goes: its pick must hold the
+  longest cached prefix by the pods' KV events (and a prompt nobody holds is asked too);
 * routed_prefix: a cold and a warm request sharing a long prefix sent to the router's URL (--router-url, the
   proxy beside the EPP), never to a pod. The engine pod that served the repeated prefix must report the hit
   (its prefix-cache hit counter moves by at least one block). With --epp-metrics-url, the EPP's own evidence
@@ -50,14 +53,21 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _loader import module_utils  # noqa: E402  pylint: disable=wrong-import-position
 
 
+def _wiring():
+    """The KV-event wiring contract (topic form, router version): plugins/module_utils/common/wiring.py."""
+    return module_utils("common.wiring")
+
+
 def parse_args(argv):
+    # The engines' topic as model_server generates it, with the pod IP and the model left open.
+    default_topic = _wiring().kv_topic("$(POD_IP)", 8000, "")
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--service", required=True, help="headless Service DNS name of the engines")
     parser.add_argument("--expect-pods", type=int, default=1, help="fail unless at least this many pods resolve")
     parser.add_argument("--http-port", type=int, default=8000)
     parser.add_argument("--kv-port", type=int, default=5557)
-    parser.add_argument("--topic-template", default="kv@$(POD_IP):8000@",
-                        help="the engines' topic; $(POD_IP) is replaced by each pod's IP (default kv@$(POD_IP):8000@)")
+    parser.add_argument("--topic-template", default=default_topic,
+                        help="the engines' topic; $(POD_IP) is replaced by each pod's IP (default %s)" % default_topic.replace("%", "%%"))
     parser.add_argument("--model", default=None, help="served model name (default: the first of /v1/models)")
     parser.add_argument("--engine", default="auto", choices=["auto", "vllm", "sglang"])
     parser.add_argument("--block-size", type=int, default=None)
@@ -67,6 +77,10 @@ def parse_args(argv):
     parser.add_argument("--pods", default="", help="comma-separated pod IPs to check instead of resolving --service")
     parser.add_argument("--router-url", default="", help="the router's OpenAI URL (routed_prefix), e.g. http://<release>-epp.<ns>:8081")
     parser.add_argument("--epp-metrics-url", default="", help="the EPP's metrics page (routed_prefix), e.g. http://<release>-epp.<ns>:9090/metrics")
+    parser.add_argument("--epp-address", default="",
+                        help="the EPP's ext_proc service (epp_route), e.g. <release>-epp.<ns>.svc.cluster.local:9002")
+    parser.add_argument("--epp-tls", action="store_true",
+                        help="the EPP serves ext_proc over TLS (its default, --secure-serving=true; its certificate is self-signed)")
     parser.add_argument("--scoring-mode", default="precise", choices=["precise", "approximate"],
                         help="precise: the EPP's KV-block index must admit the KV events and find the repeated prefix on lookup; "
                              "approximate: the approximate producer's prefix indexer must match it")
@@ -108,7 +122,7 @@ def check_kv_events(ip, args):
         "data_parallel_size": 1, "replay_endpoint": None, "timeout": args.timeout, "expect": None, "settle": 1.0,
         "include_token_ids": False, "trigger": {"url": base, "model": args.model, "max_tokens": 1, "delay": 1.0, "headers": {}},
         # Precise mode: every batch must be one the EPP v0.9.0's decoder takes, or its index silently misses those blocks.
-        "router_version": "v0.9.0", "expect_router_decodes": args.scoring_mode == "precise",
+        "router_version": _wiring().ROUTER_VERSION, "expect_router_decodes": args.scoring_mode == "precise",
     }
     try:
         facts = check.KVEventsCheck(params).run()
@@ -330,12 +344,7 @@ def check_routed_prefix(ips, args):
 def check_kv_index(ips, args):
     """Precise routing proof over every pod at once: a KV-block index from the pods' events predicts each pod's cached tokens."""
     check = module_utils("kv.index_check")
-    engines = []
-    for ip in ips:
-        topic = args.topic_template.replace("$(POD_IP)", ip)
-        engines.append({"name": ip, "url": "http://%s:%d" % (_host(ip), args.http_port), "endpoint": "tcp://%s:%d" % (_host(ip), args.kv_port),
-                        "socket_mode": "connect", "topic": topic + (args.model or "") if topic.endswith("@") else topic})
-    params = {"engines": engines, "model": args.model, "workload": {"families": 2 * max(len(ips), 1), "rounds": 4, "seed": int(time.time())},
+    params = {"engines": _pod_engines(ips, args), "model": args.model, "workload": {"families": 2 * max(len(ips), 1), "rounds": 4, "seed": int(time.time())},
               "expect": {"min_requests": 1, "min_evictions_per_engine": 0}, "max_tokens": 1, "settle": 0.3, "event_wait": 5.0,
               "timeout": 4 * args.timeout, "request_timeout": args.timeout}
     try:
@@ -346,8 +355,59 @@ def check_kv_index(ips, args):
             "requests": facts["requests"], "exact": facts["exact"], "summary": facts["summary"]}
 
 
+def _pod_engines(ips, args):
+    """Each pod as an engine of the KV-block index checks: its HTTP server, KV-event stream and topic."""
+    engines = []
+    for ip in ips:
+        topic = args.topic_template.replace("$(POD_IP)", ip)
+        engines.append({"name": ip, "url": "http://%s:%d" % (_host(ip), args.http_port), "endpoint": "tcp://%s:%d" % (_host(ip), args.kv_port),
+                        "socket_mode": "connect", "topic": topic + (args.model or "") if topic.endswith("@") else topic})
+    return engines
+
+
+def check_epp_route(ips, args):
+    """Ask the EPP over ext_proc where it routes a prompt whose prefix a pod holds: its pick must hold the longest cached prefix.
+
+    The prefix is warmed through the router once the pods' KV-event streams are open (so the index sees its blocks, and
+    an approximate producer records that routing); then the EPP is asked, without sending the request on, where the
+    same prefix with another question goes, and a prompt nobody holds is asked too.
+    """
+    if not args.epp_address:
+        return {"ok": False, "msg": "epp_route needs --epp-address (the EPP's ext_proc service, host:port)."}
+    if not args.router_url:
+        return {"ok": False, "msg": "epp_route needs --router-url (the router's OpenAI URL) to warm a prefix through the router."}
+    extproc = module_utils("epp.extproc")
+    if not extproc.HAS_EXTPROC:
+        return {"ok": False, "msg": "epp_route needs the Python libraries grpcio and xds-protos in the verifier's image "
+                                    "(cluster_verify_image); leave epp_route out of cluster_verify_checks for an image without them."}
+    route = module_utils("epp.route_check")
+    prefix = module_utils("http.prefix_cache")
+    shared = prefix.make_nonce() + " " + prefix.filler(args.prefix_words, seed=11)
+    params = {"epp": {"address": args.epp_address, "tls": args.epp_tls, "validate_certs": False}, "engines": _pod_engines(ips, args),
+              "requests": [{"name": "warm prefix", "prompt": shared + " second question"},
+                           {"name": "cold prompt", "prompt": prefix.make_nonce() + " " + prefix.filler(40, seed=13)}],
+              "model": args.model, "settle": args.settle, "timeout": 4 * args.timeout, "request_timeout": args.timeout}
+    checker = route.RouteCheck(params)
+    warmed = {}
+
+    def warm():
+        model = checker.model or args.model
+        warmed["answer"] = _complete(make_client(args.router_url, args.timeout), model, shared + " first question")
+
+    try:
+        facts = checker.run(warm=warm)
+    except route.CheckError as exc:
+        return {"ok": False, "msg": exc.msg, "picks": exc.facts.get("picks")}
+    except module_utils("http.openai").OpenAIHTTPError as exc:
+        return {"ok": False, "msg": "The warm request through the router failed: %s." % str(exc).rstrip(".")}
+    if not facts["warm_requests"]:
+        return {"ok": False, "msg": "No pod's KV events showed the prefix warmed through the router, so the EPP's pick could not be "
+                                    "held against it.", "picks": facts["picks"]}
+    return {"ok": True, "msg": "The EPP picked the pod holding the longest cached prefix: %s." % facts["summary"], "picks": facts["picks"]}
+
+
 CHECKS = {"kv_events": check_kv_events, "prefix_cache": check_prefix_cache}
-ROUTER_CHECKS = {"routed_prefix": check_routed_prefix}
+ROUTER_CHECKS = {"routed_prefix": check_routed_prefix, "epp_route": check_epp_route}
 POOL_CHECKS = {"kv_index": check_kv_index}
 
 

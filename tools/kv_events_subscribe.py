@@ -56,7 +56,8 @@ def main(argv=None):
     kv = module_utils("kv.events")
     report = module_utils("kv.report")
     check = module_utils("kv.events_check")
-    if not kv.HAS_MSGSPEC or not module_utils("kv.sockets").HAS_ZMQ:
+    errors = module_utils("common.errors")
+    if not kv.HAS_MSGSPEC or not module_utils("kv.consumer").HAS_ZMQ:
         sys.stderr.write("error: this tool needs the pyzmq and msgspec Python libraries (pip install pyzmq msgspec).\n")
         return 2
     params = {
@@ -64,12 +65,10 @@ def main(argv=None):
         "engine": args.engine, "data_parallel_size": args.data_parallel_size, "replay_endpoint": args.replay_endpoint,
         "timeout": args.timeout, "expect": {}, "settle": 0.0 if args.max else args.settle, "include_token_ids": args.include_token_ids,
     }
-    runner = check.KVEventsCheck(params)
     printed = [0]
-    add = runner.add
 
-    def add_and_print(batch, payload=None):
-        add(batch, payload)
+    def show(batch, payload, live, source):  # pylint: disable=unused-argument
+        """The check's hook for every batch it counts, live or replayed: one JSON line per event."""
         for line in report.batch_json_lines(batch, args.include_token_ids):
             if args.max and printed[0] >= args.max:
                 return
@@ -77,13 +76,11 @@ def main(argv=None):
             printed[0] += 1
         sys.stdout.flush()
 
-    runner.add = add_and_print
-    if args.max:
-        runner.met = lambda: printed[0] >= args.max
+    runner = check.KVEventsCheck(params, on_batch=show, enough=(lambda: printed[0] >= args.max) if args.max else None)
     try:
         facts = runner.run()
         status = 0
-    except check.CheckFailed as exc:
+    except errors.CheckError as exc:
         facts, status = exc.facts, 1
         sys.stderr.write("error: %s\n" % cli_message(exc.msg))
     except KeyboardInterrupt:

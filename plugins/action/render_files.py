@@ -14,6 +14,7 @@ from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
 from ansible.plugins.action import ActionBase
 
 from ansible_collections.inference_cache.substrate.plugins.module_utils.common import render_files as render
+from ansible_collections.inference_cache.substrate.plugins.module_utils.common.errors import CheckError
 
 
 class ActionModule(ActionBase):
@@ -33,8 +34,8 @@ class ActionModule(ActionBase):
             entries = render.plan(args["dest"], args["files"], args["mode"])
             if not self._task.check_mode:
                 render.apply(entries)
-        except render.RenderError as exc:
-            raise AnsibleActionFail(str(exc))
+        except CheckError as exc:
+            raise AnsibleActionFail(exc.msg)
         changed = render.changed_paths(entries)
         result.update(changed=bool(changed), files=[e["path"] for e in entries], changed_files=changed)
         if self._task.diff:

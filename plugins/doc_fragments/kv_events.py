@@ -6,12 +6,14 @@
 
 class ModuleDocFragment(object):
 
-    # Options of a KV-event stream connection; paired with module_utils/kv/args.py KV_STREAM_ARG_SPEC.
+    # Options of a KV-event stream connection; paired with module_utils/kv/args.py KV_STREAM_ARG_SPEC (the option table:
+    # types, defaults, choices, ranges and endpoint shapes). Keep the two in step.
     DOCUMENTATION = r"""
 options:
   endpoint:
     description:
-      - ZMQ endpoint of the engine's KV-event publisher, for example V(tcp://10.0.0.5:5557) or V(tcp://*:5557).
+      - ZMQ endpoint of the engine's KV-event publisher, for example V(tcp://10.0.0.5:5557) or V(tcp://*:5557); a
+        C(tcp://), C(ipc://) or C(inproc://) endpoint.
       - With O(socket_mode=connect) this is the address the engine binds; with O(socket_mode=bind) the local
         address the engine connects to.
     type: str
@@ -48,7 +50,8 @@ options:
     default: 1
   replay_endpoint:
     description:
-      - ROUTER endpoint of the engine's replay buffer (vLLM C(replay_endpoint)), for example V(tcp://127.0.0.1:5558).
+      - ROUTER endpoint of the engine's replay buffer (vLLM C(replay_endpoint)), for example V(tcp://127.0.0.1:5558); a
+        C(tcp://), C(ipc://) or C(inproc://) endpoint.
       - When set, sequence gaps are repaired by asking for the missing batches; without it gaps stay unrepaired.
       - When set, the check also asks for everything after the last batch seen on each stream when the stream goes
         quiet with the expectations unmet, and once more before it reports, so a burst whose last batches were

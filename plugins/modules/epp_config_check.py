@@ -224,36 +224,43 @@ summary:
   type: dict
 """
 
-from ansible.module_utils.basic import AnsibleModule, missing_required_lib
+import traceback
 
-from ansible_collections.inference_cache.substrate.plugins.module_utils.epp.config import check_epp_config
+from ansible.module_utils.basic import missing_required_lib
+
+from ansible_collections.inference_cache.substrate.plugins.module_utils.common.errors import CheckError
+from ansible_collections.inference_cache.substrate.plugins.module_utils.common.module import run_module
+from ansible_collections.inference_cache.substrate.plugins.module_utils.common.options import argument_spec
+from ansible_collections.inference_cache.substrate.plugins.module_utils.epp.config import ENGINE_OPTIONS, check_epp_config
 from ansible_collections.inference_cache.substrate.plugins.module_utils.epp.plugins import DEFAULT_ROUTER_VERSION, ROUTER_VERSIONS
 
 try:
     import yaml
+    YAML_IMPORT_ERROR = None
 except ImportError:  # pragma: no cover
     yaml = None
+    YAML_IMPORT_ERROR = traceback.format_exc()
 
-
-ENGINE_SPEC = dict(
-    block_size=dict(type="int"),
-    hash_seed=dict(type="str", no_log=False),
-    topic=dict(type="str"),
-    kv_events_port=dict(type="int"),
-    engine_type=dict(type="str", choices=["vllm", "sglang"]),
-    kv_events_enabled=dict(type="bool", default=True),
-    enable_scale_out=dict(type="bool"),
+# The option table (common/options.py). The engine facts are checked by check_epp_config itself (as findings of the
+# kind input), so their suboptions are the plain argument spec of its ENGINE_OPTIONS table.
+OPTIONS = dict(
+    config=dict(type="raw"),
+    path=dict(type="path"),
+    engine=dict(type="dict", default={}, options=argument_spec(ENGINE_OPTIONS)),
+    mode=dict(type="str", choices=["precise", "approximate"]),
+    fail_on_deprecations=dict(type="bool", default=False),
+    router_version=dict(type="str", default=DEFAULT_ROUTER_VERSION, choices=list(ROUTER_VERSIONS)),
 )
 
 
-def _load(module):
+def _load(params, module):
     """The config as data and the text it came from: a mapping is used as it is (no text), text and files are YAML;
     anything else goes to the check as it is."""
-    config, path = module.params["config"], module.params["path"]
+    config, path = params["config"], params["path"]
     if path is None and not isinstance(config, str):
         return config, None
     if yaml is None:
-        module.fail_json(msg=missing_required_lib("PyYAML"))
+        module.fail_json(msg=missing_required_lib("PyYAML"), exception=YAML_IMPORT_ERROR)
     try:
         if path is not None:
             with open(path, "r") as handle:
@@ -262,44 +269,32 @@ def _load(module):
             text = config
         return yaml.safe_load(text), text
     except (IOError, OSError) as exc:
-        module.fail_json(msg="Cannot read the EndpointPickerConfig file %s: %s." % (path, exc))
+        raise CheckError("Cannot read the EndpointPickerConfig file %s: %s." % (path, exc))
     except (yaml.YAMLError, ValueError) as exc:
-        module.fail_json(msg="The EndpointPickerConfig is not valid YAML: %s." % " ".join(str(exc).split()))
-    return None, None
+        raise CheckError("The EndpointPickerConfig is not valid YAML: %s." % " ".join(str(exc).split()))
 
 
-def main():
-    module = AnsibleModule(
-        argument_spec=dict(
-            config=dict(type="raw"),
-            path=dict(type="path"),
-            engine=dict(type="dict", default={}, options=ENGINE_SPEC),
-            mode=dict(type="str", choices=["precise", "approximate"]),
-            fail_on_deprecations=dict(type="bool", default=False),
-            router_version=dict(type="str", default=DEFAULT_ROUTER_VERSION, choices=list(ROUTER_VERSIONS)),
-        ),
-        mutually_exclusive=[("config", "path")],
-        required_one_of=[("config", "path")],
-        supports_check_mode=True,
-    )
-    engine = dict((k, v) for k, v in (module.params["engine"] or {}).items() if v is not None)
-    config, text = _load(module)
-    result = check_epp_config(config, engine=engine, mode=module.params["mode"], router_version=module.params["router_version"],
-                              raw_text=text)
+def _check(params, module):
+    engine = dict((k, v) for k, v in (params["engine"] or {}).items() if v is not None)
+    config, text = _load(params, module)
+    result = check_epp_config(config, engine=engine, mode=params["mode"], router_version=params["router_version"], raw_text=text)
     problems = list(result.problems)
-    if module.params["fail_on_deprecations"]:
+    if params["fail_on_deprecations"]:
         problems.extend(result.deprecations)
     else:
         for sentence in result.deprecations:
             module.warn(sentence)
     for sentence in result.warnings:
         module.warn(sentence)
-    out = dict(changed=False, epp_starts=result.epp_starts, findings=result.findings, problems=problems,
-               deprecations_found=result.deprecations, warnings_found=result.warnings, router_version=result.router_version,
-               summary=result.summary)
+    out = dict(epp_starts=result.epp_starts, findings=result.findings, problems=problems, deprecations_found=result.deprecations,
+               warnings_found=result.warnings, router_version=result.router_version, summary=result.summary)
     if problems:
-        module.fail_json(msg="The EndpointPickerConfig has %d problem(s): %s" % (len(problems), " ".join(problems)), **out)
-    module.exit_json(**out)
+        raise CheckError("The EndpointPickerConfig has %d problem(s): %s" % (len(problems), " ".join(problems)), out)
+    return out
+
+
+def main():
+    run_module(OPTIONS, _check, mutually_exclusive=[("config", "path")], required_one_of=[("config", "path")])
 
 
 if __name__ == "__main__":

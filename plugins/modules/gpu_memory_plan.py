@@ -137,46 +137,35 @@ candidates:
 
 import json
 
-from ansible_collections.inference_cache.substrate.plugins.module_utils.common.module import ansible_module
-from ansible_collections.inference_cache.substrate.plugins.module_utils.engine.sizing import SizingError, plan
+from ansible_collections.inference_cache.substrate.plugins.module_utils.common.errors import CheckError
+from ansible_collections.inference_cache.substrate.plugins.module_utils.common.module import run_module
+from ansible_collections.inference_cache.substrate.plugins.module_utils.engine.sizing import PLAN_OPTIONS, plan
+
+
+def _model_config(params):
+    """The model's config.json as given, or read from its path."""
+    path = params["model_config_path"]
+    if not path:
+        return params["model_config"]
+    try:
+        with open(path, "r") as handle:
+            return json.load(handle)
+    except (IOError, OSError, ValueError) as exc:
+        reason = getattr(exc, "strerror", None) or str(exc).splitlines()[0]
+        raise CheckError("Cannot read the model config %s: %s." % (path, reason.rstrip(".")))
+
+
+def _plan(params, module):
+    del module
+    return plan(_model_config(params), params["parameters"], params["gpu_memory"], params["max_model_len"],
+                max_num_seqs=params["max_num_seqs"], dtype=params["dtype"], kv_cache_dtype=params["kv_cache_dtype"],
+                gpu_memory_utilization=params["gpu_memory_utilization"], reserved_memory=params["reserved_memory"],
+                max_gpus=params["max_gpus"], tensor_parallel_size=params["tensor_parallel_size"])
 
 
 def main():
-    module = ansible_module(
-        dict(
-            model_config=dict(type="dict"),
-            model_config_path=dict(type="path"),
-            parameters=dict(type="str", required=True),
-            dtype=dict(type="str"),
-            kv_cache_dtype=dict(type="str", default="auto"),
-            gpu_memory=dict(type="str", required=True),
-            gpu_memory_utilization=dict(type="float", default=0.9),
-            reserved_memory=dict(type="str", default="1GiB"),
-            max_model_len=dict(type="int", required=True),
-            max_num_seqs=dict(type="int", default=1),
-            max_gpus=dict(type="int", default=8),
-            tensor_parallel_size=dict(type="int"),
-        ),
-        mutually_exclusive=[("model_config", "model_config_path")],
-        required_one_of=[("model_config", "model_config_path")],
-        supports_check_mode=True,
-    )
-    p = module.params
-    config = p["model_config"]
-    if p["model_config_path"]:
-        try:
-            with open(p["model_config_path"], "r") as handle:
-                config = json.load(handle)
-        except (IOError, OSError, ValueError) as exc:
-            reason = getattr(exc, "strerror", None) or str(exc).splitlines()[0]
-            module.fail_json(msg="Cannot read the model config %s: %s." % (p["model_config_path"], reason.rstrip(".")), changed=False)
-    try:
-        result = plan(config, p["parameters"], p["gpu_memory"], p["max_model_len"], max_num_seqs=p["max_num_seqs"],
-                      dtype=p["dtype"], kv_cache_dtype=p["kv_cache_dtype"], gpu_memory_utilization=p["gpu_memory_utilization"],
-                      reserved_memory=p["reserved_memory"], max_gpus=p["max_gpus"], tensor_parallel_size=p["tensor_parallel_size"])
-    except SizingError as exc:
-        module.fail_json(msg=str(exc), changed=False, **exc.details)
-    module.exit_json(changed=False, **result)
+    run_module(PLAN_OPTIONS, _plan, mutually_exclusive=[("model_config", "model_config_path")],
+               required_one_of=[("model_config", "model_config_path")])
 
 
 if __name__ == "__main__":

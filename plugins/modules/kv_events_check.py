@@ -319,42 +319,25 @@ trigger:
 """
 
 
-from ansible.module_utils.basic import AnsibleModule, missing_required_lib
-
-from ansible_collections.inference_cache.substrate.plugins.module_utils.kv.args import KV_STREAM_ARG_SPEC
-from ansible_collections.inference_cache.substrate.plugins.module_utils.kv.events_check import CHECK_ARG_SPEC, CheckFailed, KVEventsCheck
+from ansible_collections.inference_cache.substrate.plugins.module_utils.common.module import run_module
+from ansible_collections.inference_cache.substrate.plugins.module_utils.kv.consumer import HAS_ZMQ, ZMQ_IMPORT_ERROR
 from ansible_collections.inference_cache.substrate.plugins.module_utils.kv.events import HAS_MSGSPEC, MSGSPEC_IMPORT_ERROR
-from ansible_collections.inference_cache.substrate.plugins.module_utils.kv.sockets import HAS_ZMQ, ZMQ_IMPORT_ERROR
+from ansible_collections.inference_cache.substrate.plugins.module_utils.kv.events_check import OPTIONS, KVEventsCheck
 
 
-def main():
-    argument_spec = dict(KV_STREAM_ARG_SPEC)
-    argument_spec.update(CHECK_ARG_SPEC)
-    try:
-        module = AnsibleModule(argument_spec=argument_spec, supports_check_mode=True)
-    except (TypeError, AttributeError, ValueError, OverflowError):
-        # ansible-core's validator raises on some shapes (a list where a mapping with suboptions is expected);
-        # take the options as they are and let the check's own validation name the one that is wrong.
-        module = AnsibleModule(argument_spec=dict((name, {"type": "raw"}) for name in argument_spec), supports_check_mode=True)
-        try:
-            KVEventsCheck(module.params).validate()
-        except CheckFailed as exc:
-            module.fail_json(msg=exc.msg, changed=False)
-        module.fail_json(msg="The options could not be validated; check their types against the module documentation.", changed=False)
-    if not HAS_ZMQ:
-        module.fail_json(msg=missing_required_lib("pyzmq"), exception=ZMQ_IMPORT_ERROR)
-    if not HAS_MSGSPEC:
-        module.fail_json(msg=missing_required_lib("msgspec"), exception=MSGSPEC_IMPORT_ERROR)
-    try:
-        facts = KVEventsCheck(module.params, check_mode=module.check_mode).run()
-    except CheckFailed as exc:
-        facts = dict(exc.facts, changed=False)
-        module.fail_json(msg=exc.msg, **facts)
+def run(params, module):
+    facts = KVEventsCheck(params, check_mode=module.check_mode).run()
     router = facts["router_decoder"]
     if router["refused_batches"]:
         module.warn("The llm-d router %s would drop %d of the %d batches checked; first: %s." % (
             router["router_version"], router["refused_batches"], router["checked_batches"], router["first_problem"]))
-    module.exit_json(**facts)
+    return facts
+
+
+def main():
+    # A wrong option fails with the facts this module documents as returned always (counts, gaps, ... at zero).
+    run_module(OPTIONS, run, requirements=[("pyzmq", HAS_ZMQ, ZMQ_IMPORT_ERROR), ("msgspec", HAS_MSGSPEC, MSGSPEC_IMPORT_ERROR)],
+               facts=lambda params: KVEventsCheck(params).facts())
 
 
 if __name__ == "__main__":

@@ -314,24 +314,19 @@ elapsed:
   sample: 41.2
 """
 
-from ansible.module_utils.basic import AnsibleModule, missing_required_lib
-
+from ansible_collections.inference_cache.substrate.plugins.module_utils.common.module import run_module
+from ansible_collections.inference_cache.substrate.plugins.module_utils.kv.consumer import HAS_ZMQ, ZMQ_IMPORT_ERROR
 from ansible_collections.inference_cache.substrate.plugins.module_utils.kv.events import HAS_MSGSPEC, MSGSPEC_IMPORT_ERROR
-from ansible_collections.inference_cache.substrate.plugins.module_utils.kv.index_check import ARG_SPEC, CheckFailed, KVIndexCheck
-from ansible_collections.inference_cache.substrate.plugins.module_utils.kv.sockets import HAS_ZMQ, ZMQ_IMPORT_ERROR
+from ansible_collections.inference_cache.substrate.plugins.module_utils.kv.index_check import OPTIONS, KVIndexCheck
+
+
+def run(params, module):  # pylint: disable=unused-argument
+    return KVIndexCheck(params).run()
 
 
 def main():
-    module = AnsibleModule(argument_spec=ARG_SPEC, supports_check_mode=True)
-    if not HAS_ZMQ:
-        module.fail_json(msg=missing_required_lib("pyzmq"), exception=ZMQ_IMPORT_ERROR)
-    if not HAS_MSGSPEC:
-        module.fail_json(msg=missing_required_lib("msgspec"), exception=MSGSPEC_IMPORT_ERROR)
-    try:
-        facts = KVIndexCheck(module.params).run()
-    except CheckFailed as exc:
-        module.fail_json(msg=exc.msg, **dict(exc.facts, changed=False))
-    module.exit_json(**facts)
+    run_module(OPTIONS, run, requirements=[("pyzmq", HAS_ZMQ, ZMQ_IMPORT_ERROR), ("msgspec", HAS_MSGSPEC, MSGSPEC_IMPORT_ERROR)],
+               facts=lambda params: KVIndexCheck(params).facts())
 
 
 if __name__ == "__main__":

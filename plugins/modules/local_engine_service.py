@@ -154,11 +154,38 @@ foreign:
   type: dict
 """
 
-from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.urls import open_url
 
-from ansible_collections.inference_cache.substrate.plugins.module_utils.engine.process import (
-    EngineFiles, EngineProcessError, EngineService, file_checksum)
+from ansible_collections.inference_cache.substrate.plugins.module_utils.common.errors import CheckError
+from ansible_collections.inference_cache.substrate.plugins.module_utils.common.module import ansible_module
+from ansible_collections.inference_cache.substrate.plugins.module_utils.common.options import validate
+from ansible_collections.inference_cache.substrate.plugins.module_utils.engine.process import EngineFiles, EngineService, file_checksum
+
+
+def _ports_problem(ports, name):
+    bad = [port for port in ports if not 0 < port < 65536]
+    return "%s must lie in 1-65535, got %s." % (name, ", ".join(map(str, bad))) if bad else None
+
+
+SECONDS = "a positive number of seconds"
+# The option table (common/options.py): the argument spec and the checks made before anything is touched.
+OPTIONS = dict(
+    state=dict(type="str", choices=["started", "stopped"], default="started"),
+    launcher=dict(type="path"),
+    log=dict(type="path"),
+    pidfile=dict(type="path", required=True),
+    runfile=dict(type="path", required=True),
+    checksum=dict(type="str", default=""),
+    health_url=dict(type="str"),
+    api_key=dict(type="str", default="", no_log=True),
+    host=dict(type="str", default="127.0.0.1"),
+    ports=dict(type="list", elements="int", default=[], check=_ports_problem),
+    health_ca_path=dict(type="path"),
+    name=dict(type="str", default="engine"),
+    ports_hint=dict(type="str", default="local_engine_port, local_engine_kv_events_replay_endpoint"),
+    start_timeout=dict(type="int", default=300, range=(0, None, "open-low"), must_be=SECONDS),
+    stop_timeout=dict(type="int", default=30, range=(0, None, "open-low"), must_be=SECONDS),
+)
 
 
 def _health_probe(api_key, ca_path=None):
@@ -173,49 +200,29 @@ def _health_probe(api_key, ca_path=None):
     return healthy
 
 
-def main():
-    module = AnsibleModule(
-        argument_spec=dict(
-            state=dict(type="str", choices=["started", "stopped"], default="started"),
-            launcher=dict(type="path"),
-            log=dict(type="path"),
-            pidfile=dict(type="path", required=True),
-            runfile=dict(type="path", required=True),
-            checksum=dict(type="str", default=""),
-            health_url=dict(type="str"),
-            api_key=dict(type="str", default="", no_log=True),
-            host=dict(type="str", default="127.0.0.1"),
-            ports=dict(type="list", elements="int", default=[]),
-            health_ca_path=dict(type="path"),
-            name=dict(type="str", default="engine"),
-            ports_hint=dict(type="str", default="local_engine_port, local_engine_kv_events_replay_endpoint"),
-            start_timeout=dict(type="int", default=300),
-            stop_timeout=dict(type="int", default=30),
-        ),
-        required_if=[("state", "started", ("launcher", "log", "health_url"))],
-        supports_check_mode=True,
-    )
-    params = module.params
-    for name in ("start_timeout", "stop_timeout"):
-        if params[name] <= 0:
-            module.fail_json(msg="%s must be a positive number of seconds, got %d." % (name, params[name]))
-    bad_ports = [port for port in params["ports"] if not 0 < port < 65536]
-    if bad_ports:
-        module.fail_json(msg="ports must lie in 1-65535, got %s." % ", ".join(map(str, bad_ports)))
+def _ensure(params, check_mode):
+    """Start or stop the engine as ``state`` says; the result of EngineService (``changed`` from its comparison)."""
     files = EngineFiles(params["pidfile"], params["runfile"], log=params["log"], launcher=params["launcher"])
-    service = EngineService(files, _health_probe(params["api_key"], params["health_ca_path"]), check_mode=module.check_mode,
+    service = EngineService(files, _health_probe(params["api_key"], params["health_ca_path"]), check_mode=check_mode,
                             name=params["name"], ports_hint=params["ports_hint"])
     try:
         if params["state"] == "stopped":
-            result = service.ensure_stopped(params["stop_timeout"])
-        else:
-            checksum = params["checksum"] or file_checksum(params["launcher"]) or ""
-            result = service.ensure_started(checksum, params["health_url"], params["host"], params["ports"],
-                                            params["start_timeout"], params["stop_timeout"])
-    except EngineProcessError as exc:
-        module.fail_json(msg=str(exc), **exc.details)
+            return service.ensure_stopped(params["stop_timeout"])
+        checksum = params["checksum"] or file_checksum(params["launcher"]) or ""
+        return service.ensure_started(checksum, params["health_url"], params["host"], params["ports"],
+                                      params["start_timeout"], params["stop_timeout"])
     except (IOError, OSError) as exc:
-        module.fail_json(msg="Cannot control the %s of %s: %s." % (params["name"], params["pidfile"], exc))
+        raise CheckError("Cannot control the %s of %s: %s." % (params["name"], params["pidfile"], exc))
+
+
+def main():
+    # This module changes things, so it builds its module itself (common/module.run_module is for checks).
+    module = ansible_module(OPTIONS, required_if=[("state", "started", ("launcher", "log", "health_url"))], supports_check_mode=True)
+    try:
+        params = validate(OPTIONS, module.params)
+        result = _ensure(params, module.check_mode)
+    except CheckError as exc:
+        module.fail_json(msg=exc.msg, **exc.facts)
     if result.get("foreign"):
         module.warn("The pid file %s named pid %d, which is not the %s (%s); it was left alone."
                     % (params["pidfile"], result["foreign"]["pid"], params["name"], result["foreign"]["reason"]))

@@ -244,61 +244,47 @@ failures:
 """
 
 
-from ansible.module_utils.basic import missing_required_lib
-
-from ansible_collections.inference_cache.substrate.plugins.module_utils.common.module import ansible_module
-from ansible_collections.inference_cache.substrate.plugins.module_utils.http.args import (
-    HTTP_ARG_SPEC,
-    HTTP_RANGES,
-    HTTP_REQUIRED_BY,
-    client_options,
-)
+from ansible_collections.inference_cache.substrate.plugins.module_utils.common.errors import CheckError
+from ansible_collections.inference_cache.substrate.plugins.module_utils.common.module import run_module
+from ansible_collections.inference_cache.substrate.plugins.module_utils.http.args import HTTP_ARG_SPEC, HTTP_REQUIRED_BY, client_options
 from ansible_collections.inference_cache.substrate.plugins.module_utils.http.openai import OpenAIClient
 from ansible_collections.inference_cache.substrate.plugins.module_utils.http.prefix_cache import (
     HAS_PROMETHEUS_CLIENT,
     PROMETHEUS_CLIENT_IMPORT_ERROR,
-    PrefixCacheError,
     PrefixCacheProbe,
     evaluate,
 )
-from ansible_collections.inference_cache.substrate.plugins.module_utils.common.options import range_problems
 
-ARGUMENT_SPEC = dict(
+# The option table (common/options.py): the argument spec and the ranges, checked before any request.
+OPTIONS = dict(
     HTTP_ARG_SPEC,
     url=dict(type="str", default="http://127.0.0.1:8000"),
     metrics_url=dict(type="str"),
     model=dict(type="str"),
     prefix=dict(type="str"),
-    prefix_tokens=dict(type="int", default=256, no_log=False),
-    block_size=dict(type="int"),
+    prefix_tokens=dict(type="int", default=256, no_log=False, range=(1, 131072)),
+    block_size=dict(type="int", range=(1, 4096)),
     engine=dict(type="str", default="auto", choices=["auto", "vllm", "sglang"]),
-    max_tokens=dict(type="int", default=8, no_log=False),
-    timeout=dict(type="float", default=60),
-    min_hit_tokens=dict(type="int", no_log=False),
+    max_tokens=dict(type="int", default=8, no_log=False, range=(1, 4096)),
+    timeout=dict(type="float", default=60, range=(0, 3600, "open-low")),
+    min_hit_tokens=dict(type="int", no_log=False, range=(0, None)),
     expect_warm_faster=dict(type="bool", default=False),
 )
-RANGES = dict(
-    HTTP_RANGES,
-    prefix_tokens=(1, 131072),
-    block_size=(1, 4096),
-    max_tokens=(1, 4096),
-    timeout=(0, 3600, "open-low"),
-    min_hit_tokens=(0, None),
-)
 
 
-def main():
-    module = ansible_module(ARGUMENT_SPEC, mutually_exclusive=[("prefix", "prefix_tokens")], required_by=HTTP_REQUIRED_BY,
-                            supports_check_mode=True)
-    if not HAS_PROMETHEUS_CLIENT:
-        module.fail_json(msg=missing_required_lib("prometheus_client"), exception=PROMETHEUS_CLIENT_IMPORT_ERROR)
-    params = module.params
+def _urls(params):
     url = params["url"].rstrip("/")
-    metrics_url = params["metrics_url"] or url + "/metrics"
-    base = dict(changed=False, url=url, metrics_url=metrics_url, model=params["model"], engine=params["engine"])
-    problems = range_problems(params, RANGES)
-    if problems:
-        module.fail_json(msg=" ".join(problems), **base)
+    return url, params["metrics_url"] or url + "/metrics"
+
+
+def _always(params):
+    """What every result carries, failures included."""
+    url, metrics_url = _urls(params)
+    return dict(url=url, metrics_url=metrics_url, model=params["model"], engine=params["engine"])
+
+
+def _measure(params, module):
+    url, metrics_url = _urls(params)
     client = OpenAIClient(url, timeout=params["timeout"], **client_options(params))
     probe = PrefixCacheProbe(
         client, metrics_url, model=params["model"], prefix=params["prefix"], prefix_tokens=params["prefix_tokens"],
@@ -306,16 +292,21 @@ def main():
     )
     try:
         result = probe.run()
-    except PrefixCacheError as exc:
-        base["model"] = probe.model
-        module.fail_json(msg=str(exc), **base)
+    except CheckError as exc:
+        exc.facts["model"] = probe.model
+        raise
     for warning in result.pop("warnings"):
         module.warn(warning)
-    result.update(changed=False, url=url)
+    result.update(url=url)
     failures = evaluate(result, params["min_hit_tokens"], params["expect_warm_faster"])
     if failures:
-        module.fail_json(msg=" ".join(failures), failures=failures, **result)
-    module.exit_json(**result)
+        raise CheckError(" ".join(failures), dict(result, failures=failures))
+    return result
+
+
+def main():
+    run_module(OPTIONS, _measure, requirements=[("prometheus_client", HAS_PROMETHEUS_CLIENT, PROMETHEUS_CLIENT_IMPORT_ERROR)],
+               facts=_always, mutually_exclusive=[("prefix", "prefix_tokens")], required_by=HTTP_REQUIRED_BY)
 
 
 if __name__ == "__main__":

@@ -74,13 +74,12 @@ changed_files:
   elements: str
 """
 
-from ansible.module_utils.basic import AnsibleModule
-
-from ansible_collections.inference_cache.substrate.plugins.module_utils.common.render_files import ARGUMENT_SPEC
+from ansible_collections.inference_cache.substrate.plugins.module_utils.common.module import ansible_module
+from ansible_collections.inference_cache.substrate.plugins.module_utils.common.render_files import OPTIONS
 
 
 def main():
-    module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
+    module = ansible_module(OPTIONS, supports_check_mode=True)
     module.fail_json(msg="render_files runs as an action plugin on the controller; it cannot run as a module.")
 
 

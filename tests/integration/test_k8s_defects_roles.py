@@ -19,6 +19,10 @@ available. What runs for real: the roles' variables and Jinja expressions, their
   and a failure, or (``*_skip_unavailable_chart``) the release left out, said so, never reported installed;
 * 7b: the verifier Job's create/wait/read/delete report no change;
 * 8: a verifier pod without logs on a kwok node: one sentence, ``cluster_verify_simulated_nodes`` fail or warn.
+
+And issue 21's wiring contract: what model_server publishes for subscribers (``model_server_contract.kv_subscriber``),
+the one variable through which the engines learn the router (``model_server_router``), and the verifier Job built from
+the published subscriber and carrying its tool's import closure.
 """
 
 from __future__ import absolute_import, division, print_function
@@ -147,6 +151,14 @@ ENGINES = {"namespace": "inference-cache", "engine_type": "vllm", "model": "Qwen
            "hash_seed": "42", "kv_events_enabled": True, "kv_events_binds": True, "kv_events_port": 5557, "network_policy": True,
            "kv_events_allowed_peers": [{"labels": {"llm-d-router-gateway": "inference-cache-router-epp"}}], "replicas": 1,
            "image": "docker.io/vllm/vllm-openai-cpu:v0.32.0"}
+# A kv_subscriber unlike the contract's own kv_events_port, topic and block_size: the Job must follow it.
+SUBSCRIBER = {"endpoint": "tcp://model-server-kv.inference-cache.svc.cluster.local:6000", "socket_mode": "connect",
+              "topic": "kv@$(POD_IP):8000@published", "replay_endpoint": None, "block_size": 64}
+# A user --kv-events-config vLLM connects with (0.0.0.0 holds no wildcard) and a replay socket it binds ([::]).
+USER_CONNECTS = ('{"enable_kv_cache_events":true,"publisher":"zmq","endpoint":"tcp://0.0.0.0:5557",'
+                 '"replay_endpoint":"tcp://[::]:5558","topic":"kv@user"}')
+KV_HOST = "model-server-kv-events.inference-cache.svc.cluster.local"
+VERIFY_JOB = "Run | create the ConfigMap and the Job (server-side apply)"
 VERIFY_LOG = "Run | read the verifier's report"
 VERIFY_POD = "Run | the Job's pod"
 VERIFY_NODE = "Run | the node the pod ran on"
@@ -190,6 +202,14 @@ def verify(**extra):
     responses = extra.pop("responses", {})
     host.update(extra)
     host["_fake_k8s_responses"] = dict(host["_fake_k8s_responses"], **responses)
+    return host
+
+
+def engines(name, **extra):
+    """model_server in render mode (nothing reaches a cluster), its published facts dumped."""
+    host = {"_case_role": "model_server", "model_server_allow_unpinned_images": True, "model_server_render_dir": "@TMP@/render-" + name,
+            "_case_dump": ["model_server_contract"]}
+    host.update(extra)
     return host
 
 
@@ -265,6 +285,24 @@ CASES = {
     # 7b and the report path: a report in the logs passes; the Job tasks report no change.
     "verify-report": verify(responses={VERIFY_LOG: {"log": 'checking\n{"ok": true, "msg": "2 engine pods passed"}\n',
                                                     "log_lines": ["checking", '{"ok": true, "msg": "2 engine pods passed"}', ""]}}),
+    # Issue 21: the verifier subscribes as the engines' published kv_subscriber says (here unlike the contract's other fields).
+    "verify-subscriber": verify(cluster_verify_engine=dict(ENGINES, kv_subscriber=SUBSCRIBER),
+                                responses={VERIFY_LOG: {"log": '{"ok": true, "msg": "1 engine pod passed"}\n'}}),
+    # Issue 21: what model_server publishes for subscribers, and what it knows of the router.
+    "engines-contract": engines("engines-contract"),
+    "engines-user-connects": engines("engines-user-connects", router_scoring_mode="approximate",
+                                     model_server_extra_args=["--kv-events-config", USER_CONNECTS]),
+    "engines-kv-off": engines("engines-kv-off", model_server_kv_events_enabled=False),
+    "engines-router-defaults": engines("engines-router-defaults", model_server_service_type="NodePort", model_server_http_node_port=30080),
+    "engines-router-type-only": engines("engines-router-type-only", router_service_type="NodePort", model_server_service_type="NodePort",
+                                        model_server_http_node_port=30080),
+    "engines-router-vars": engines("engines-router-vars", router_scoring_mode="approximate", router_service_type="NodePort",
+                                   router_http_node_port=30081, model_server_service_type="NodePort"),
+    "engines-router-given": engines("engines-router-given", model_server_service_type="NodePort",
+                                    model_server_router={"scoring_mode": "approximate", "service_type": "NodePort", "http_node_port": 30557},
+                                    model_server_kv_events_node_port_enabled=True, model_server_kv_events_node_port_source_cidrs=["10.0.0.0/8"]),
+    "engines-router-partial": engines("engines-router-partial", model_server_router={"scoring_mode": "approximate"}),
+    "engines-router-legacy": engines("engines-router-legacy", model_server_router_scoring_mode="bogus"),
 }
 
 
@@ -556,3 +594,79 @@ def test_verifier_report_passes_and_the_probe_reports_no_change(run):
     # The stand-in answers changed=true for every create and delete: changed_when false keeps the run at changed=0.
     for name in ("verify-report", "verify-kwok-warn"):
         assert recap(run, name)["changed"] == 0, recap(run, name)
+
+
+# Issue 21: the wiring contract in the roles.
+def test_model_server_publishes_what_a_subscriber_needs(run):
+    contract = result(run, "engines-contract")["model_server_contract"]
+    assert contract["kv_subscriber"] == {"endpoint": "tcp://%s:5557" % KV_HOST, "socket_mode": "connect",
+                                         "topic": "kv@$(POD_IP):8000@Qwen/Qwen3-0.6B", "replay_endpoint": None, "block_size": 32}
+    assert contract["topic"] == contract["kv_subscriber"]["topic"] and contract["kv_events_binds"] is True
+
+
+def test_model_server_subscriber_follows_vllms_bind_rule_for_a_user_config(run):
+    """tcp://0.0.0.0 has no wildcard: vLLM connects, so a subscriber binds; the replay socket on [::] is dialled."""
+    contract = result(run, "engines-user-connects")["model_server_contract"]
+    assert contract["kv_events_binds"] is False
+    assert contract["kv_subscriber"] == {"endpoint": "tcp://0.0.0.0:5557", "socket_mode": "bind", "topic": "kv@user",
+                                         "replay_endpoint": "tcp://%s:5558" % KV_HOST, "block_size": 32}
+    assert "The KV-event endpoint tcp://0.0.0.0:5557 has no '*'" in task_output(
+        run, "Preflight | warn when the user's KV-event endpoint connects instead of binding")
+    assert result(run, "engines-kv-off")["model_server_contract"]["kv_subscriber"] == {}
+
+
+def test_model_server_router_defaults_to_the_router_roles_variables(run):
+    """Unset, the router's own defaults (its Service a ClusterIP, so 30080 is free); set, the router role's variables."""
+    with open(os.path.join(ROOT, "roles", "router", "defaults", "main.yml")) as handle:
+        router_defaults = yaml.safe_load(handle)
+    assert router_defaults["router_service_type"] == "ClusterIP"
+    assert result(run, "engines-router-defaults")["_case_failed"] == ""
+    msg = result(run, "engines-router-type-only")["_case_failed"]
+    assert ("Two Services ask for the same NodePort (model_server_http_node_port=30080, router_http_node_port=%d)"
+            % router_defaults["router_http_node_port"]) in msg, msg
+    msg = result(run, "engines-router-vars")["_case_failed"]
+    assert "Two Services ask for the same NodePort (model_server_http_node_port=30081, router_http_node_port=30081)" in msg, msg
+
+
+def test_model_server_router_given_whole_is_what_the_engines_know(run):
+    msg = result(run, "engines-router-given")["_case_failed"]
+    assert ("Two Services ask for the same NodePort (model_server_http_node_port=30081, model_server_kv_events_node_port=30557, "
+            "router_http_node_port=30557)") in msg, msg
+    msg = result(run, "engines-router-partial")["_case_failed"]
+    assert "missing required arguments: http_node_port, service_type found in model_server_router" in msg, msg
+
+
+def test_model_server_router_scoring_mode_still_sets_the_scoring_mode(run):
+    res = result(run, "engines-router-legacy")
+    assert res["_case_failed"] == "model_server_router.scoring_mode (router_scoring_mode) must be precise or approximate, not bogus."
+
+
+def _verifier(run, name):
+    docs = [c["args"]["definition"] for c in calls(run, name, VERIFY_JOB)]
+    job = [d for d in docs if d["kind"] == "Job"][0]
+    config = [d for d in docs if d["kind"] == "ConfigMap"][0]
+    args = job["spec"]["template"]["spec"]["containers"][0]["args"]
+    return dict(zip(args[::2], args[1::2])), config, job
+
+
+def test_verifier_job_subscribes_as_the_published_subscriber_says(run):
+    args, _config, _job = _verifier(run, "verify-subscriber")
+    assert (args["--kv-port"], args["--topic-template"], args["--block-size"]) == ("6000", "kv@$$(POD_IP):8000@published", "64")
+    assert args["--service"] == "model-server-kv.inference-cache.svc.cluster.local", "pods are found through the KV-event Service"
+    # A contract without kv_subscriber (a cluster_verify_engine written by hand): its own fields, as before.
+    args, _config, _job = _verifier(run, "verify-report")
+    assert (args["--kv-port"], args["--topic-template"], args["--block-size"]) == ("5557", "kv@$$(POD_IP):8000@Qwen/Qwen3-0.6B", "32")
+
+
+def test_verifier_configmap_carries_the_tools_import_closure(run):
+    sys.path.insert(0, os.path.join(ROOT, "plugins", "filter"))
+    try:
+        import import_closure  # pylint: disable=import-error,import-outside-toplevel
+    finally:
+        sys.path.pop(0)
+    files = import_closure.import_closure(["tools/cluster_verify.py"], ROOT)
+    _args, config, job = _verifier(run, "verify-report")
+    assert sorted(config["data"]) == sorted(f.replace("/", ".") for f in files)
+    items = [v for v in job["spec"]["template"]["spec"]["volumes"] if v["name"] == "code"][0]["configMap"]["items"]
+    assert [i["path"] for i in items] == files
+    assert "tools/_loader.py" in files and "plugins/module_utils/engine/process.py" not in files

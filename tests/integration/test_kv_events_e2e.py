@@ -208,7 +208,7 @@ def test_vllm_publisher_burst_loses_nothing():
     def run():
         try:
             result["facts"] = check.KVEventsCheck(params).run()
-        except check.CheckFailed as exc:
+        except check.CheckError as exc:
             result["facts"], result["msg"] = exc.facts, exc.msg
 
     thread = threading.Thread(target=run, daemon=True)

@@ -109,7 +109,7 @@ class BurstCheck(check.KVEventsCheck):
     """The module's check, told when the burst is over: it stops once every request answered and the stream settled."""
 
     def __init__(self, params, done):
-        super(BurstCheck, self).__init__(params)
+        super(BurstCheck, self).__init__(params, max_frame=MAX_FRAME)  # the check's SUB socket only, not the replay DEALER
         self.done = done
 
     def met(self):
@@ -130,14 +130,10 @@ def _replay_buffer():
         ctx.destroy(0)
 
 
-def test_every_gap_and_the_tail_repaired_through_the_engine_replay(engine, monkeypatch):  # pylint: disable=redefined-outer-name,unused-argument
+def test_every_gap_and_the_tail_repaired_through_the_engine_replay(engine):  # pylint: disable=redefined-outer-name,unused-argument
     start = _playbook("playbooks/site.yml", *INSTANCE_VARS)
     assert start.returncode == 0, start.stdout[-3000:]
 
-    def bounded_socket(ctx, kind, endpoint, bind, monitor=False, **kwargs):  # the check's SUB socket only
-        return kvz.open_socket(ctx, kind, endpoint, bind, monitor=monitor, max_frame=MAX_FRAME)
-
-    monkeypatch.setattr(check, "open_socket", bounded_socket)
     done, errors = threading.Event(), []
     runner = BurstCheck({"endpoint": KV_ENDPOINT, "socket_mode": "bind", "topic": TOPIC, "replay_endpoint": REPLAY_ENDPOINT,
                          "timeout": 900.0, "settle": 2.0, "expect": {"BlockStored": 1}, "engine": "auto"}, done)

@@ -349,3 +349,101 @@ def test_stopping_on_a_fresh_machine_is_ok(tmp_path, playbook, extra):
     recap = [line for line in run.stdout.splitlines() if line.startswith("localhost")]
     assert recap and " changed=0 " in recap[-1] and " failed=0 " in recap[-1], run.stdout[-3000:]
     assert not (home / ".cache" / "inference_cache" / "local_engine" / "run").exists()
+
+
+# -- the wiring contract: what the engine role publishes, and who reads it (issue 21) ---------------------------------
+def _play(tmp_path, plays, *extra):
+    """Run ``plays`` on inventories/local with an empty HOME; return what each play wrote to out-<n>.json."""
+    home = tmp_path / "home"
+    home.mkdir(exist_ok=True)
+    playbook = tmp_path / "play.yml"
+    playbook.write_text(yaml.safe_dump(plays, sort_keys=False))
+    env = dict(ENV, HOME=str(home), ANSIBLE_LOCAL_TEMP=str(tmp_path / "tmp"), ANSIBLE_COLLECTIONS_PATH=os.path.join(ROOT, ".cache", "collections"))
+    run = subprocess.run([os.path.join(BIN, "ansible-playbook"), "-i", "inventories/local", str(playbook)] + list(extra),
+                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=300, check=False)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]
+    return json.loads((tmp_path / "out.json").read_text())
+
+
+def _write(tmp_path, value):
+    copy = {"content": "{{ %s | to_json }}" % value, "dest": str(tmp_path / "out.json"), "mode": "0644"}
+    return {"name": "Write what the test looks at", "ansible.builtin.copy": copy}
+
+
+def _engine(name, **settings):
+    """The local_engine role, stopped (nothing installed or started), for one instance."""
+    variables = {"local_engine_state": "absent", "local_engine_instance": name}
+    variables.update(settings)
+    return {"name": "Engine " + name, "ansible.builtin.include_role": {"name": "inference_cache.substrate.local_engine"},
+            "vars": variables}
+
+
+def test_local_engine_publishes_what_a_subscriber_needs(tmp_path):
+    plays = [{"name": "Engines", "hosts": "local_engine", "gather_facts": False, "tasks": [
+        _engine("connects"),
+        _engine("binds", local_engine_port=8301, local_engine_kv_events_endpoint="tcp://*:5702",
+                local_engine_kv_events_replay_endpoint="tcp://[::]:5703"),
+        _engine("silent", local_engine_port=8302, local_engine_kv_events=False),
+        _write(tmp_path, "{'info': local_engine_info, 'instances': local_engine_instances}")]}]
+    out = _play(tmp_path, plays)
+    instances = out["instances"]
+    assert sorted(instances) == ["binds", "connects", "silent"] and out["info"] == instances["silent"]
+    # vLLM connects to an endpoint without a wildcard: the subscriber binds it (the inventory's loopback defaults).
+    assert instances["connects"]["kv_subscriber"] == {"endpoint": "tcp://127.0.0.1:5557", "socket_mode": "bind",
+                                                      "topic": "kv@127.0.0.1:8000@tiny", "replay_endpoint": "tcp://127.0.0.1:5558",
+                                                      "block_size": 32}
+    assert instances["connects"]["kv_events_topic"] == "kv@127.0.0.1:8000@tiny"
+    # vLLM binds tcp://*: the subscriber connects to the engine's host, the replay socket on [::] too.
+    assert instances["binds"]["kv_subscriber"] == {"endpoint": "tcp://127.0.0.1:5702", "socket_mode": "connect",
+                                                   "topic": "kv@127.0.0.1:8301@tiny", "replay_endpoint": "tcp://127.0.0.1:5703",
+                                                   "block_size": 32}
+    assert instances["binds"]["kv_events_endpoint"] == "tcp://*:5702", "the engine's own endpoint is still published"
+    assert instances["silent"]["kv_subscriber"] == {}
+
+
+def test_kv_index_collects_what_each_engine_published(tmp_path):
+    """playbooks/kv_index.yml's own tasks (the engines stopped): each target is what that engine's role published."""
+    with open(os.path.join(ROOT, "playbooks", "kv_index.yml")) as handle:
+        play = yaml.safe_load(handle)[0]
+    start, collect = [t for t in play["tasks"] if t["name"] in ("Start or stop each engine", "Collect the engines the check talks to")]
+    play["tasks"] = [start, collect, _write(tmp_path, "_kv_index_targets")]
+    targets = _play(tmp_path, [play], "-e", "kv_index_state=absent", "-e", "_kv_index_check=true")
+    assert targets == [
+        {"name": "kvindex-a", "url": "http://127.0.0.1:8300", "endpoint": "tcp://127.0.0.1:5700", "socket_mode": "bind",
+         "replay_endpoint": "tcp://127.0.0.1:5701", "topic": "kv@127.0.0.1:8300@tiny"},
+        {"name": "kvindex-b", "url": "http://127.0.0.1:8301", "endpoint": "tcp://127.0.0.1:5702", "socket_mode": "bind",
+         "replay_endpoint": "tcp://127.0.0.1:5703", "topic": "kv@127.0.0.1:8301@tiny"}]
+
+
+VERIFY_KV = "{'endpoint': verify_kv_events_endpoint, 'mode': verify_kv_events_socket_mode, 'replay': verify_kv_events_replay_endpoint, " \
+            "'topic': verify_kv_events_topic}"
+
+
+@pytest.mark.parametrize("variables, expected", [
+    # No subscriber: the local engine's defaults, as the role always had them.
+    ({}, {"endpoint": "tcp://127.0.0.1:5557", "mode": "bind", "replay": "tcp://127.0.0.1:5558", "topic": "kv@127.0.0.1:8000@tiny"}),
+    # What an engine published (a binding one without replay).
+    ({"verify_kv_subscriber": {"endpoint": "tcp://10.0.0.5:5557", "socket_mode": "connect", "topic": "kv@10.0.0.5:8000@m",
+                               "replay_endpoint": None, "block_size": 16}},
+     {"endpoint": "tcp://10.0.0.5:5557", "mode": "connect", "replay": "", "topic": "kv@10.0.0.5:8000@m"}),
+    # The variables still override it.
+    ({"verify_kv_subscriber": {"endpoint": "tcp://10.0.0.5:5557", "socket_mode": "connect", "topic": "kv@10.0.0.5:8000@m",
+                               "replay_endpoint": "tcp://10.0.0.5:5558", "block_size": 16},
+      "verify_kv_events_endpoint": "tcp://127.0.0.1:6000", "verify_kv_events_socket_mode": "bind", "verify_kv_events_topic": "kv@"},
+     {"endpoint": "tcp://127.0.0.1:6000", "mode": "bind", "replay": "tcp://10.0.0.5:5558", "topic": "kv@"}),
+])
+def test_verify_reads_the_published_subscriber(tmp_path, variables, expected):
+    plays = [{"name": "Verify's defaults", "hosts": "local_engine", "gather_facts": False,
+              "vars_files": [os.path.join(ROOT, "roles", "verify", "defaults", "main.yml")],
+              "tasks": [dict(_write(tmp_path, VERIFY_KV), vars=variables)]}]
+    assert _play(tmp_path, plays) == expected
+
+
+def test_site_hands_verify_the_engines_subscriber():
+    """playbooks/site.yml passes local_engine_info.kv_subscriber and rebuilds none of endpoint, socket mode, topic."""
+    with open(os.path.join(ROOT, "playbooks", "site.yml")) as handle:
+        plays = yaml.safe_load(handle)
+    (play,) = [p for p in plays if p.get("name") == "Verify the local engine"]
+    variables = play["roles"][0]["vars"]
+    assert variables["verify_kv_subscriber"] == "{{ local_engine_info.kv_subscriber }}"
+    assert not [name for name in variables if name.startswith("verify_kv_events_")], variables

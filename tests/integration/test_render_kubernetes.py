@@ -336,7 +336,7 @@ def test_kv_events_port_never_on_a_load_balancer_or_unrequested_node_port(render
 @pytest.mark.parametrize("name", all_cases())
 def test_network_policy_admits_kv_events_only_from_router_and_verifier(rendered, name):
     case = rendered["cases"][name]
-    policy = [d for d in case["docs"] if d["kind"] == "NetworkPolicy"][0]
+    policy = [d for d in case["manifests"]["model_server"] if d["kind"] == "NetworkPolicy"][0]
     epp_label = {"llm-d-router-gateway": "inference-cache-router-epp"}
     verifier = [d for d in case["docs"] if d["kind"] == "Job"][0]["spec"]["template"]["metadata"]["labels"]
     kv_rules = 0
@@ -360,6 +360,36 @@ def test_network_policy_admits_kv_events_only_from_router_and_verifier(rendered,
             assert labels, "%s: an empty podSelector admits every pod to the KV-event port" % name
             assert labels == epp_label or all(verifier.get(k) == v for k, v in labels.items()), labels
     assert kv_rules >= 1, "%s: no rule names who may reach the KV-event port" % name
+
+
+@pytest.mark.parametrize("name", all_cases())
+def test_the_epps_ext_proc_and_metrics_ports_only_from_the_verifier_and_the_gateway(rendered, name):
+    """The EPP has no bind address and no authentication on ext_proc or metrics: its pod's NetworkPolicy names who may come."""
+    case = rendered["cases"][name]
+    policies = [d for d in case["manifests"]["router"] if d["kind"] == "NetworkPolicy"]
+    assert len(policies) == 1, "%s: the router renders no NetworkPolicy for the EPP pod" % name
+    spec = policies[0]["spec"]
+    assert spec["podSelector"] == {"matchLabels": {"llm-d-router-gateway": "inference-cache-router-epp"}}
+    assert spec["policyTypes"] == ["Ingress"]
+    verifier = [d for d in case["docs"] if d["kind"] == "Job"][0]["spec"]["template"]["metadata"]["labels"]
+    gateway = R.CASES[name].get("router_chart") == "gateway"
+    seen = {}
+    for rule in spec["ingress"]:
+        ports = [p["port"] for p in rule["ports"]]
+        if "from" not in rule:
+            assert ports == [8081] and not gateway, "%s: a rule without peers opens %s to every pod" % (name, ports)
+            continue
+        for port in ports:
+            seen[port] = rule["from"]
+        for peer in rule["from"]:
+            labels = peer["podSelector"]["matchLabels"]
+            assert labels, "%s: an empty podSelector admits every pod" % name
+            is_gateway = labels == {"gateway.networking.k8s.io/gateway-name": "inference-gateway"}
+            assert all(verifier.get(k) == v for k, v in labels.items()) or (gateway and is_gateway and 9002 in ports), (name, labels)
+    assert set(seen) == {9002, 9090}, "%s: ext_proc and metrics each need their rule, got %s" % (name, sorted(seen))
+    if gateway:
+        assert any(p["podSelector"]["matchLabels"].get("gateway.networking.k8s.io/gateway-name") for p in seen[9002]), \
+            "%s: the Gateway's pods cannot reach ext_proc" % name
 
 
 @pytest.mark.parametrize("name", all_cases())

@@ -542,7 +542,7 @@ def test_vllm_cpu_pod_command_serves(commands, checked, tmp_path):  # pylint: di
                 "endpoint": kv_config["endpoint"], "socket_mode": "connect", "topic": topic, "timeout": 120.0, "settle": 1.0,
                 "expect": {"BlockStored": 1}, "engine": "vllm", "expect_router_decodes": True,
                 "trigger": {"url": url, "model": served, "prompt": prompt, "max_tokens": 1}}).run()
-        except kv_check.CheckFailed as exc:
+        except kv_check.CheckError as exc:
             pytest.fail("%s\n%s" % (exc.msg, engine.tail()))
         assert facts["trigger"]["status"] == 200, facts["trigger"]
         assert facts["counts"]["BlockStored"] >= 1 and list(facts["seq"]) == ["%s#0" % topic], (facts["counts"], facts["seq"])

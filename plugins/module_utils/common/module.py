@@ -7,10 +7,11 @@
 
 """The collection's one module base: an option table in, facts or one sentence out.
 
-``run_module(table, run, requirements=...)`` builds ``AnsibleModule`` from the table's argument spec, fails with
-``missing_required_lib`` for an absent library, validates the options with the same table (``common/options.py``:
+``run_module(table, run, requirements=..., facts=...)`` builds ``AnsibleModule`` from the table's argument spec, fails
+with ``missing_required_lib`` for an absent library, validates the options with the same table (``common/options.py``:
 ranges, shapes, nested tables), calls ``run(params, module)`` and exits with what it returns, ``changed`` false
-unless the facts say otherwise; a ``CheckError`` becomes ``fail_json`` with its sentence and its facts.
+unless the facts say otherwise; a ``CheckError`` becomes ``fail_json`` with its sentence and its facts (``changed``
+false). A module that changes things, or needs more control, builds its module with ``ansible_module`` instead.
 
 Where ansible-core's own validator raises instead of failing (an infinite float given to an ``int`` option
 raises ``OverflowError`` in 2.19's ``check_type_int``; a list where a mapping with suboptions is expected raises
@@ -31,10 +32,28 @@ from .options import argument_spec, validate
 VALIDATOR_CRASHES = (TypeError, AttributeError, ValueError, OverflowError)
 
 
+def _secrets(spec, params):
+    """The values of ``no_log`` options at any depth of ``params`` (nested tables and lists of them included)."""
+    found = []
+    for name, entry in spec.items():
+        value = params.get(name) if isinstance(params, dict) else None
+        if value is None:
+            continue
+        if entry.get("no_log"):
+            found.append(str(value))
+        items = value if isinstance(value, list) else [value]
+        for item in items if entry.get("options") else ():
+            found.extend(_secrets(entry["options"], item))
+    return found
+
+
 def _raw_module(spec, module_kwargs):
+    """``AnsibleModule`` taking every option as it is, the secrets of nested tables masked as the real spec would."""
     raw = dict((name, {"type": "raw", "no_log": bool(entry.get("no_log"))}) for name, entry in spec.items())
     kwargs = dict((k, v) for k, v in module_kwargs.items() if k in ("supports_check_mode",))
-    return AnsibleModule(argument_spec=raw, **kwargs)
+    module = AnsibleModule(argument_spec=raw, **kwargs)
+    module.no_log_values.update(_secrets(spec, module.params))
+    return module
 
 
 def _crash_sentence(table, params):
@@ -61,19 +80,28 @@ def ansible_module(table, **module_kwargs):
     return None  # not reached: fail_json exits
 
 
-def run_module(table, run, requirements=(), **module_kwargs):
+def _fail(module, msg, facts):
+    """``fail_json`` with the facts, ``changed`` false; a fact named like a fail_json argument cannot shadow it."""
+    facts = dict((k, v) for k, v in (facts or {}).items() if k != "msg")
+    module.fail_json(msg=msg, **dict(facts, changed=False))
+
+
+def run_module(table, run, requirements=(), facts=None, **module_kwargs):
     """Run one check module: ``run(params, module)`` returns its facts or raises ``CheckError``.
 
     ``requirements``: ``(library name, present?, import traceback)`` triples, checked before anything runs.
+    ``facts``: ``facts(params) -> dict``, what every result carries, failures included (a failure's own facts and a
+    success's facts take precedence); it sees the options as ``AnsibleModule`` parsed them, before the table's checks.
     """
     module_kwargs.setdefault("supports_check_mode", True)
     module = ansible_module(table, **module_kwargs)
     for name, present, error in requirements:
         if not present:
             module.fail_json(msg=missing_required_lib(name), exception=error)
+    base = facts(module.params) if facts else {}
     try:
         params = validate(table, module.params)
-        facts = run(params, module)
+        result = run(params, module) or {}
     except CheckError as exc:
-        module.fail_json(msg=exc.msg, **dict(exc.facts, changed=False))
-    module.exit_json(**dict({"changed": False}, **facts))
+        _fail(module, exc.msg, dict(base, **exc.facts))
+    module.exit_json(**dict(dict(base, changed=False), **result))

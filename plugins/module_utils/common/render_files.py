@@ -16,16 +16,17 @@ __metaclass__ = type  # pylint: disable=invalid-name
 import os
 import stat
 
-ARGUMENT_SPEC = {
+from .errors import CheckError
+from .options import argument_spec
+
+# The option table of the render_files action (common/options.py); what the table cannot say, plan() checks.
+OPTIONS = {
     "dest": {"type": "path", "required": True},
     "files": {"type": "dict", "required": True},
     "mode": {"type": "raw", "default": "0644"},
 }
+ARGUMENT_SPEC = argument_spec(OPTIONS)
 MAX_MODE = 0o7777
-
-
-class RenderError(Exception):
-    """Raised with one sentence when the files cannot be planned or written."""
 
 
 def parse_mode(mode):
@@ -36,20 +37,20 @@ def parse_mode(mode):
         text = mode.strip().lower()
         text = text[2:] if text.startswith("0o") else text
         if not text or any(c not in "01234567" for c in text):
-            raise RenderError("mode must be an octal string such as '0644', got %r." % (mode,))
+            raise CheckError("mode must be an octal string such as '0644', got %r." % (mode,))
         value = int(text, 8)
     else:
-        raise RenderError("mode must be an octal string such as '0644', got %r." % (mode,))
+        raise CheckError("mode must be an octal string such as '0644', got %r." % (mode,))
     if not 0 <= value <= MAX_MODE:
-        raise RenderError("mode must be between '0000' and '07777', got %r." % (mode,))
+        raise CheckError("mode must be between '0000' and '07777', got %r." % (mode,))
     return value
 
 
 def _inside(root, rel):
-    """The real path of ``rel`` under ``root``, or RenderError when it would leave ``root``."""
+    """The real path of ``rel`` under ``root``, or CheckError when it would leave ``root``."""
     path = os.path.realpath(os.path.join(root, rel))
     if os.path.isabs(rel) or not path.startswith(root + os.sep):
-        raise RenderError("File name %r leaves the folder %r." % (rel, root))
+        raise CheckError("File name %r leaves the folder %r." % (rel, root))
     return path
 
 
@@ -69,33 +70,33 @@ def plan(dest, files, mode="0644"):
     """What writing ``files`` under ``dest`` would change: a list of entries, one per file, sorted by name.
 
     Each entry has ``path``, ``data`` (bytes to write), ``before`` (bytes or None), ``before_mode``, ``mode``,
-    ``content_changed`` and ``mode_changed``. Raises RenderError (one sentence) on a wrong input.
+    ``content_changed`` and ``mode_changed``. Raises CheckError (one sentence) on a wrong input.
     """
     if not isinstance(dest, str) or not dest:
-        raise RenderError("dest must be the folder to write into.")
+        raise CheckError("dest must be the folder to write into.")
     if not isinstance(files, dict) or not files:
-        raise RenderError("files must be a non-empty mapping of relative paths to text contents.")
+        raise CheckError("files must be a non-empty mapping of relative paths to text contents.")
     mode_bits = parse_mode(mode)
     root = os.path.realpath(os.path.expanduser(dest))
     entries = []
     for rel in sorted(files, key=str):
         content = files[rel]
         if not isinstance(rel, str) or not rel:
-            raise RenderError("File name %r is not a non-empty string." % (rel,))
+            raise CheckError("File name %r is not a non-empty string." % (rel,))
         if "\0" in rel:
-            raise RenderError("File name %r contains a NUL character." % (rel,))
+            raise CheckError("File name %r contains a NUL character." % (rel,))
         if not isinstance(content, str):
-            raise RenderError("The content of %r is a %s, not text; render it to text first, for example with ansible.builtin.to_nice_yaml."
-                              % (rel, type(content).__name__))
+            raise CheckError("The content of %r is a %s, not text; render it to text first, for example with ansible.builtin.to_nice_yaml."
+                             % (rel, type(content).__name__))
         path = _inside(root, rel)
         try:
             data = content.encode("utf-8")
         except UnicodeEncodeError:
-            raise RenderError("The content of %r cannot be written as UTF-8 (it carries a lone surrogate character)." % (rel,))
+            raise CheckError("The content of %r cannot be written as UTF-8 (it carries a lone surrogate character)." % (rel,))
         for other in entries:
             if other["path"].startswith(path + os.sep) or path.startswith(other["path"] + os.sep) or other["path"] == path:
-                raise RenderError("File names %r and %r conflict: one path would be both a file and a folder, or written twice."
-                                  % (other["name"], rel))
+                raise CheckError("File names %r and %r conflict: one path would be both a file and a folder, or written twice."
+                                 % (other["name"], rel))
         before, before_mode = _current(path)
         entries.append({
             "name": rel, "path": path, "data": data, "before": before, "before_mode": before_mode, "mode": mode_bits,
@@ -138,7 +139,7 @@ def apply(entries):
             elif entry["mode_changed"]:
                 os.chmod(path, entry["mode"])
         except (IOError, OSError) as exc:
-            raise RenderError("Cannot write %r: %s." % (path, " ".join((getattr(exc, "strerror", None) or str(exc)).split()).rstrip(".")))
+            raise CheckError("Cannot write %r: %s." % (path, " ".join((getattr(exc, "strerror", None) or str(exc)).split()).rstrip(".")))
 
 
 def changed_paths(entries):

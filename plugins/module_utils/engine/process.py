@@ -32,16 +32,17 @@ import socket
 import subprocess
 import time
 
+from ..common.errors import CheckError
+
 # A legacy run file (no identity) is trusted when the process started at most this long after its pid file was written.
 LEGACY_START_SLACK = 2.0
 
 
-class EngineProcessError(Exception):
-    """One sentence for the user, with details for the result."""
+class EngineProcessError(CheckError):
+    """One sentence for the user, with the facts for the result (``facts``, given as keywords)."""
 
-    def __init__(self, message, **details):
-        super(EngineProcessError, self).__init__(message)
-        self.details = details
+    def __init__(self, message, **facts):
+        super(EngineProcessError, self).__init__(message, facts)
 
 
 def _read(path):

@@ -18,6 +18,10 @@ Plain Python without any Ansible import. The arithmetic:
 
 Multi-head latent attention (DeepSeek MLA), sliding-window and hybrid models need other formulas:
 the result is then an upper bound.
+
+Every wrong input and every plan that does not fit raises ``common.errors.CheckError`` with one sentence (and, for a
+plan that does not fit, the numbers as its facts). ``PLAN_OPTIONS`` is the option table of the gpu_memory_plan module:
+its argument spec and the checks of ``plan``'s numeric arguments.
 """
 
 from __future__ import absolute_import, division, print_function
@@ -26,6 +30,9 @@ __metaclass__ = type  # pylint: disable=invalid-name
 
 import math
 import re
+
+from ..common.errors import CheckError
+from ..common.options import validate
 
 GIB = 1024 ** 3
 
@@ -57,63 +64,71 @@ CONFIG_FIELDS = {
     "torch_dtype": TEXT, "dtype": TEXT,
     "text_config": MAPPING,
 }
-# Numeric arguments of ``plan``: (least, greatest) allowed; gpu_memory_utilization is checked as (0, 1].
-PLAN_RANGES = {
-    "max_model_len": (1, 10 ** 8),
-    "max_num_seqs": (1, 10 ** 6),
-    "max_gpus": (1, 4096),
-    "tensor_parallel_size": (1, 4096),
+
+
+def _whole(low, high, **entry):
+    """An int option between ``low`` and ``high``, worded as a whole number in its sentences."""
+    return dict(entry, type="int", range=(low, high), must_be="a whole number between %d and %d" % (low, high))
+
+
+# The option table of the gpu_memory_plan module (common/options.py); PLAN_NUMBERS are the ones ``plan`` checks itself.
+PLAN_OPTIONS = {
+    "model_config": {"type": "dict"},
+    "model_config_path": {"type": "path"},
+    "parameters": {"type": "str", "required": True},
+    "dtype": {"type": "str"},
+    "kv_cache_dtype": {"type": "str", "default": "auto"},
+    "gpu_memory": {"type": "str", "required": True},
+    "gpu_memory_utilization": {"type": "float", "default": 0.9, "range": (0, 1, "open-low"), "must_be": "in (0, 1]"},
+    "reserved_memory": {"type": "str", "default": "1GiB"},
+    "max_model_len": _whole(1, 10 ** 8, required=True),
+    "max_num_seqs": _whole(1, 10 ** 6, default=1),
+    "max_gpus": _whole(1, 4096, default=8),
+    "tensor_parallel_size": _whole(1, 4096),
 }
-
-
-class SizingError(ValueError):
-    """Raised with one clear sentence when the inputs are wrong or the model does not fit."""
-
-    def __init__(self, message, **details):
-        super(SizingError, self).__init__(message)
-        self.details = details
+PLAN_NUMBERS = ("gpu_memory_utilization", "max_model_len", "max_num_seqs", "max_gpus", "tensor_parallel_size")
 
 
 def _finite(number, what, value):
     if math.isnan(number) or math.isinf(number):
-        raise SizingError("%s %r is not a finite number." % (what, value))
+        raise CheckError("%s %r is not a finite number." % (what, value))
     return number
 
 
 def parse_bytes(value, default_unit="gib"):
     """``80`` (GiB by default), ``"80GiB"``, ``"24 GB"``, ``"81920MiB"`` -> bytes (int)."""
     if isinstance(value, bool) or not isinstance(value, (int, float, str)):
-        raise SizingError("Memory size %r is not a number or a size such as 80GiB." % (value,))
+        raise CheckError("Memory size %r is not a number or a size such as 80GiB." % (value,))
     if isinstance(value, (int, float)):
         if value < 0:
-            raise SizingError("Memory size %r is negative." % (value,))
+            raise CheckError("Memory size %r is negative." % (value,))
         return int(_finite(value * _BYTE_UNITS[default_unit], "Memory size", value))
     match = _SIZE_RE.match(value)
     unit = match.group(2).lower() if match else None
     if not match or unit not in _BYTE_UNITS:
-        raise SizingError("Memory size %r is not understood; write e.g. 80GiB or 24GB." % (value,))
+        raise CheckError("Memory size %r is not understood; write e.g. 80GiB or 24GB." % (value,))
     return int(_finite(float(match.group(1)) * (_BYTE_UNITS[unit] if unit else _BYTE_UNITS[default_unit]), "Memory size", value))
 
 
 def parse_count(value):
     """``8e9``, ``"8B"``, ``"0.5B"``, ``"70b"`` -> number of parameters (int)."""
     if isinstance(value, bool) or not isinstance(value, (int, float, str)):
-        raise SizingError("Parameter count %r is not a number or a count such as 8B." % (value,))
+        raise CheckError("Parameter count %r is not a number or a count such as 8B." % (value,))
     if isinstance(value, (int, float)):
         if value < 0:
-            raise SizingError("Parameter count %r is negative." % (value,))
+            raise CheckError("Parameter count %r is negative." % (value,))
         return int(_finite(value, "Parameter count", value))
     match = _SIZE_RE.match(value)
     unit = match.group(2).lower() if match else None
     if not match or unit not in _COUNT_UNITS:
-        raise SizingError("Parameter count %r is not understood; write e.g. 8B or 8000000000." % (value,))
+        raise CheckError("Parameter count %r is not understood; write e.g. 8B or 8000000000." % (value,))
     return int(_finite(float(match.group(1)) * _COUNT_UNITS[unit], "Parameter count", value))
 
 
 def dtype_bytes(dtype):
     key = str(dtype).lower().replace("torch.", "")
     if key not in DTYPE_BYTES:
-        raise SizingError("Data type %r is not one of %s." % (dtype, ", ".join(sorted(DTYPE_BYTES))))
+        raise CheckError("Data type %r is not one of %s." % (dtype, ", ".join(sorted(DTYPE_BYTES))))
     return DTYPE_BYTES[key]
 
 
@@ -126,14 +141,14 @@ def _shape_problem(value, shape):
 
 
 def check_config_shape(config, where="model config"):
-    """Raise SizingError naming the first field of ``CONFIG_FIELDS`` whose value has the wrong shape."""
+    """Raise CheckError naming the first field of ``CONFIG_FIELDS`` whose value has the wrong shape."""
     if not isinstance(config, dict):
-        raise SizingError("The %s must be a mapping (a Hugging Face config.json), got %s." % (where, type(config).__name__))
+        raise CheckError("The %s must be a mapping (a Hugging Face config.json), got %s." % (where, type(config).__name__))
     for name in sorted(CONFIG_FIELDS):
         value = config.get(name)
         if value is not None and _shape_problem(value, CONFIG_FIELDS[name]):
             shown = repr(value) if len(repr(value)) <= 40 else repr(value)[:40] + "..."
-            raise SizingError("%s in the %s must be %s, got %s." % (name, where, CONFIG_FIELDS[name], shown))
+            raise CheckError("%s in the %s must be %s, got %s." % (name, where, CONFIG_FIELDS[name], shown))
 
 
 def _first(cfg, *names):
@@ -153,36 +168,25 @@ def model_shape(config):
     layers = _first(cfg, "num_hidden_layers", "n_layer", "num_layers")
     heads = _first(cfg, "num_attention_heads", "n_head")
     if not layers or not heads:
-        raise SizingError("The model config has no num_hidden_layers or num_attention_heads.")
+        raise CheckError("The model config has no num_hidden_layers or num_attention_heads.")
     kv_heads = _first(cfg, "num_key_value_heads") or heads
     if kv_heads > heads or heads % kv_heads:
-        raise SizingError("num_key_value_heads %d must divide the %d attention heads." % (kv_heads, heads))
+        raise CheckError("num_key_value_heads %d must divide the %d attention heads." % (kv_heads, heads))
     head_dim = _first(cfg, "head_dim")
     if not head_dim:
         hidden = _first(cfg, "hidden_size", "n_embd")
         if not hidden:
-            raise SizingError("The model config has neither head_dim nor hidden_size.")
+            raise CheckError("The model config has neither head_dim nor hidden_size.")
         if hidden % heads:
-            raise SizingError("hidden_size %d is not a multiple of the %d attention heads; set head_dim." % (hidden, heads))
+            raise CheckError("hidden_size %d is not a multiple of the %d attention heads; set head_dim." % (hidden, heads))
         head_dim = hidden // heads
     dtype = _first(cfg, "torch_dtype", "dtype") or _first(config, "torch_dtype", "dtype") or "bfloat16"
     return {"num_layers": layers, "num_attention_heads": heads, "num_kv_heads": kv_heads, "head_dim": head_dim, "dtype": dtype}
 
 
 def check_plan_numbers(**numbers):
-    """Raise SizingError when a numeric argument of ``plan`` is not a number in its ``PLAN_RANGES`` range."""
-    for name in sorted(numbers):
-        value = numbers[name]
-        if value is None and name == "tensor_parallel_size":
-            continue
-        if name == "gpu_memory_utilization":
-            number = value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
-            if number is None or not 0 < number <= 1:
-                raise SizingError("gpu_memory_utilization must be in (0, 1], got %r." % (value,))
-            continue
-        low, high = PLAN_RANGES[name]
-        if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
-            raise SizingError("%s must be a whole number between %d and %d, got %r." % (name, low, high, value))
+    """``numbers`` (arguments of ``plan``) checked against PLAN_OPTIONS, defaults applied; CheckError when one is wrong."""
+    return validate(dict((name, PLAN_OPTIONS[name]) for name in numbers), numbers)
 
 
 def kv_bytes_per_token(shape, kv_dtype_bytes, tp=1):
@@ -193,9 +197,11 @@ def kv_bytes_per_token(shape, kv_dtype_bytes, tp=1):
 
 def plan(model_config, parameters, gpu_memory, max_model_len, max_num_seqs=1, dtype=None, kv_cache_dtype="auto",
          gpu_memory_utilization=0.9, reserved_memory="1GiB", max_gpus=8, tensor_parallel_size=None):
-    """Return a memory plan (a dict) or raise :class:`SizingError` when the request does not fit."""
-    check_plan_numbers(max_model_len=max_model_len, max_num_seqs=max_num_seqs, max_gpus=max_gpus,
-                       tensor_parallel_size=tensor_parallel_size, gpu_memory_utilization=gpu_memory_utilization)
+    """Return a memory plan (a dict) or raise ``CheckError`` (with the numbers as facts) when the request does not fit."""
+    numbers = check_plan_numbers(max_model_len=max_model_len, max_num_seqs=max_num_seqs, max_gpus=max_gpus,
+                                 tensor_parallel_size=tensor_parallel_size, gpu_memory_utilization=gpu_memory_utilization)
+    max_model_len, max_num_seqs, max_gpus = numbers["max_model_len"], numbers["max_num_seqs"], numbers["max_gpus"]
+    gpu_memory_utilization = numbers["gpu_memory_utilization"]
     shape = model_shape(model_config)
     dtype = dtype or shape["dtype"] or "bfloat16"
     wbytes = dtype_bytes(dtype)
@@ -204,21 +210,21 @@ def plan(model_config, parameters, gpu_memory, max_model_len, max_num_seqs=1, dt
     gpu_bytes = parse_bytes(gpu_memory)
     reserved = parse_bytes(reserved_memory)
     if n_params <= 0:
-        raise SizingError("The parameter count must be positive.")
+        raise CheckError("The parameter count must be positive.")
     if gpu_bytes <= 0:
-        raise SizingError("gpu_memory must be positive.")
+        raise CheckError("gpu_memory must be positive.")
     tokens = int(max_model_len) * int(max_num_seqs)
     usable = int(gpu_bytes * float(gpu_memory_utilization)) - reserved
     if usable <= 0:
-        raise SizingError("A GPU of %.1f GiB leaves no memory after utilization %.2f and %.1f GiB reserved."
-                          % (gpu_bytes / GIB, float(gpu_memory_utilization), reserved / GIB))
+        raise CheckError("A GPU of %.1f GiB leaves no memory after utilization %.2f and %.1f GiB reserved."
+                         % (gpu_bytes / GIB, float(gpu_memory_utilization), reserved / GIB))
     weights = int(n_params * wbytes)
 
     if tensor_parallel_size:
         candidates = [int(tensor_parallel_size)]
         if shape["num_attention_heads"] % candidates[0]:
-            raise SizingError("tensor_parallel_size %d does not divide the %d attention heads."
-                              % (candidates[0], shape["num_attention_heads"]))
+            raise CheckError("tensor_parallel_size %d does not divide the %d attention heads."
+                             % (candidates[0], shape["num_attention_heads"]))
     else:
         candidates = [t for t in (1, 2, 4, 8, 16, 32, 64) if t <= int(max_gpus) and shape["num_attention_heads"] % t == 0]
 
@@ -248,13 +254,13 @@ def plan(model_config, parameters, gpu_memory, max_model_len, max_num_seqs=1, dt
     if chosen is None:
         last = per_tp[-1] if per_tp else None
         largest = last["tensor_parallel_size"] if last else 0
-        raise SizingError(
+        raise CheckError(
             "The requested context of %d tokens (%d x %d sequences) does not fit: weights %.1f GiB plus KV cache %.1f GiB "
             "exceed %d GPU(s) of %.1f GiB (%.1f GiB usable each)%s."
             % (tokens, int(max_model_len), int(max_num_seqs), weights / GIB, result["kv_cache_gib_required"], largest,
                gpu_bytes / GIB, usable / GIB,
                "; at most %d tokens fit" % last["max_tokens_fit"] if last else ""),
-            **result)
+            result)
     result.update({
         "tensor_parallel_size": chosen["tensor_parallel_size"],
         "max_tokens_fit": chosen["max_tokens_fit"],

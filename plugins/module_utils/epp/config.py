@@ -11,12 +11,20 @@ Plain Python without any Ansible import: the ``epp_config_check`` module, the ro
 and the tests all use :func:`check_epp_config`.
 
 The shapes (plugin types, each type's parameter fields, their JSON types) come from the per-version table in
-:mod:`._epp_plugins` and are checked declaratively by :mod:`._epp_schema`; this file holds only what relates one
-part of the config to another (plugin references, the precise producer and its token producer, data-layer
-wiring) and to the engines. Every finding is one sentence that names the plugin or field path at fault, with its
-kind: refused (the EPP does not start), broken (it starts, then crashes or never does what the config asks) or a
-warning; what the EPP does with configs it decodes is the BEHAVIOUR table of :mod:`._epp_plugins`. No input, however
-malformed, raises.
+:mod:`.plugins` and are checked declaratively by :mod:`.schema`; this file holds what relates one part of the config
+to another (plugin references, the precise producer and its token producer, data-layer wiring) and to the engines.
+
+The checks are data: :data:`RULES` is a table of rules, each naming what it looks at (a kind of subject: the top
+level, a declared plugin, a scheduling-profile entry, a precise producer, ...), the condition under which it fires,
+the kind of its finding and its sentence (a ``str.format`` template over the subject's fields, ``version`` always
+given), and the upstream code it was read at where known. A rule whose kind and sentence are facts the router version
+was measured to have names its entry of ``plugins.BEHAVIOUR`` instead. :class:`_Config` walks a config and yields the
+subjects in the order the EPP meets them; :func:`_evaluate` applies every rule to each subject. Adding a check is
+adding one entry to :data:`RULES` (and, for a new kind of subject, one ``yield`` in the walk).
+
+Every finding is one sentence that names the plugin or field path at fault, with its kind: refused (the EPP does not
+start), broken (it starts, then crashes or never does what the config asks) or a warning. No input, however malformed,
+raises.
 """
 
 from __future__ import absolute_import, division, print_function
@@ -28,7 +36,7 @@ import re
 
 from .plugins import (
     BEHAVIOUR, BROKEN, CONFIG_SCHEMA, DEFAULT_CONFIG, DEFAULT_ROUTER_VERSION, FEATURE_GATES, INPUT, PLUGINS, REFUSED,
-    REMOVED_OR_LATER, ROUTER_VERSIONS, SEMANTICS, WARNING)
+    REMOVED_OR_LATER, ROUTER_SOURCE, ROUTER_VERSIONS, SEMANTICS, WARNING)
 from .schema import show, type_name, validate
 
 API_VERSION = "llm-d.ai/v1alpha1"
@@ -37,9 +45,11 @@ KIND = "EndpointPickerConfig"
 
 PRECISE_PRODUCER = "precise-prefix-cache-producer"
 PRECISE_LEGACY_SCORER = "precise-prefix-cache-scorer"
+PRECISE_TYPES = (PRECISE_PRODUCER, PRECISE_LEGACY_SCORER)
 TOKEN_PRODUCER = "token-producer"
 PREFIX_SCORER = "prefix-cache-scorer"
 NOTIFICATION_SOURCE = "endpoint-notification-source"
+SOCKET_PORT_PATH = "kvEventsConfig.podDiscoveryConfig.socketPort"
 
 # Defaults of the precise producer when a field is absent (kvevents.DefaultConfig, kvblock.DefaultTokenProcessorConfig).
 DEFAULT_BLOCK_SIZE = 16
@@ -60,20 +70,30 @@ AUTO_SATURATION_DETECTOR = "utilization-detector"
 AUTO_FLOW_CONTROL = ("fcfs-ordering-policy", "global-strict-fairness-policy", "static-usage-limit-policy")
 LOCAL_HOSTS = ("localhost", "127.0.0.1", "[::1]", "::1")
 
-ENGINE_KEYS = {
-    "block_size": "int", "hash_seed": "str", "topic": "str", "kv_events_port": "int", "engine_type": "str",
-    "kv_events_enabled": "bool", "enable_scale_out": "bool",
+# The engine facts a caller may give, as an option table (common/options.py): the epp_config_check module's engine
+# suboptions are built from it, and _check_engine reads types, ranges and choices from it.
+ENGINE_OPTIONS = {
+    "block_size": {"type": "int", "range": (1, 1 << 20)},
+    "hash_seed": {"type": "str", "no_log": False},
+    "topic": {"type": "str"},
+    "kv_events_port": {"type": "int", "range": (1, 65535)},
+    "engine_type": {"type": "str", "choices": ["vllm", "sglang"]},
+    "kv_events_enabled": {"type": "bool", "default": True},
+    "enable_scale_out": {"type": "bool"},
 }
+NUMERIC_TEXT = ("hash_seed",)  # settings read as text when given as a number (PYTHONHASHSEED: 42)
+ENGINE_WORDS = {"int": "an integer", "bool": "a boolean", "str": "a string"}
 
 
 class EppConfigResult(object):
     """Outcome of a check: ``problems`` make it fail; ``deprecations`` and ``warnings`` do not.
 
-    ``findings`` lists every sentence with its kind (``_epp_plugins.KINDS``): ``refused`` (the EPP does not start),
+    ``findings`` lists every sentence with its kind (``plugins.KINDS``): ``refused`` (the EPP does not start),
     ``broken`` (it starts, then crashes or never does what the config asks), ``warning`` (deprecations included) and
     ``input`` (the check's own arguments are wrong). ``problems`` holds the refused, broken and input sentences.
     ``epp_starts`` is whether the EPP starts with the config: no refused finding (``None`` when the config could not
-    be checked against a router version).
+    be checked against a router version). ``rules`` names the rule of :data:`RULES` behind each finding, in the same
+    order (None for the checks of the arguments); it is not part of :meth:`as_dict`.
     """
 
     def __init__(self, router_version=DEFAULT_ROUTER_VERSION):
@@ -82,12 +102,14 @@ class EppConfigResult(object):
         self.deprecations = []
         self.warnings = []
         self.findings = []
+        self.rules = []
         self.summary = {}
         self.checked = True
 
-    def add(self, kind, sentence, deprecation=False):
+    def add(self, kind, sentence, deprecation=False, rule=None):
         """Record one finding of ``kind`` and file its sentence in problems, deprecations or warnings."""
         self.findings.append({"kind": kind, "sentence": sentence})
+        self.rules.append(rule)
         if kind == WARNING:
             (self.deprecations if deprecation else self.warnings).append(sentence)
         else:
@@ -172,447 +194,620 @@ def _topic_matches(topic_filter, topic):
     return str(topic).startswith(str(topic_filter))
 
 
-class _Checker(object):
-    """One run of the checks over one config; the methods add sentences to ``self.res``."""
+def _is_number(value):
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
-    def __init__(self, config, engine, mode, version):
-        self.config, self.engine, self.mode, self.version = config, engine, mode, version
-        self.res = EppConfigResult(version)
+
+def _speculative_ttl(subject):
+    """A parameter finding about the precise producer's speculativeTTL value (a string that is no Go duration)."""
+    return subject.finding == "value" and subject.path == "speculativeTTL" and subject.ptype in PRECISE_TYPES
+
+
+# --- the rules ----------------------------------------------------------------------------------------------------
+
+class Rule(object):
+    """One check: what it looks at, when it fires, the kind and sentence of its finding, where that was read.
+
+    ``when(config, subject)`` is the condition (``config`` is the :class:`_Config` being walked, ``subject`` what the
+    walk yields for ``looks_at``); ``says`` is a ``str.format`` template over the subject's fields, ``version`` and what
+    ``fields(config, subject)`` adds. A rule with ``behaviour`` takes kind, sentence and source from that entry of
+    ``plugins.BEHAVIOUR[version]``. ``final``: once it fires, no later rule looks at the same subject (the EPP stops
+    there too). ``deprecation``: a warning filed as a deprecation.
+    """
+
+    __slots__ = ("name", "looks_at", "kind", "says", "when", "source", "fields", "final", "deprecation", "behaviour")
+
+    def __init__(self, name, looks_at, kind, says, when, source=None, fields=None, final=False, deprecation=False,
+                 behaviour=None):
+        self.name, self.looks_at, self.kind, self.says, self.when = name, looks_at, kind, says, when
+        self.source, self.fields, self.final, self.deprecation, self.behaviour = source, fields, final, deprecation, behaviour
+
+    def finding(self, config, subject):
+        """``(kind, sentence)`` of this rule's finding on ``subject``."""
+        kind, says = self.kind, self.says
+        if self.behaviour:
+            kind, says, _source = BEHAVIOUR[config.version][self.behaviour]
+        fields = dict(vars(subject), version=config.version)
+        fields.update(self.fields(config, subject) if self.fields else {})
+        return kind, says.format(**fields)
+
+
+def _rule(name, looks_at, kind, says, when, **options):
+    return Rule(name, looks_at, kind, says, when, **options)
+
+
+def _behaviour(name, looks_at, when, **options):
+    """A rule whose kind, sentence and source are ``BEHAVIOUR[version][name]``."""
+    return Rule(name, looks_at, None, None, when, behaviour=name, **options)
+
+
+_R = ROUTER_SOURCE
+_SEMANTICS = SEMANTICS[DEFAULT_ROUTER_VERSION]
+UNDECLARED = "{where} references plugin {plugin}, which is not declared in plugins."
+NOT_DECLARED_BY = "{reader} {verb} {field} {ref}, which is not declared in plugins."
+
+RULES = (
+    # -- the top level as the strict decoder reads it (a schema finding of CONFIG_SCHEMA) ------------------------------
+    _rule("top-level-unknown-field", "top-level field", REFUSED,
+          "{where} is not a field of llm-d-router {version}'s EndpointPickerConfig; the EPP decodes the config strictly "
+          "and does not start.", lambda c, s: s.finding == "unknown", final=True),
+    _rule("top-level-deprecated-field", "top-level field", WARNING, "{where} {message}.",
+          lambda c, s: s.finding == "deprecated", final=True, deprecation=True),
+    _rule("top-level-field", "top-level field", REFUSED, "{where} {message}.", lambda c, s: True, final=True),
+    # -- apiVersion, kind, feature gates -------------------------------------------------------------------------------
+    _rule("deprecated-api-version", "header", WARNING, "apiVersion {api_version} is deprecated; use {api}.",
+          lambda c, s: s.api_version in DEPRECATED_API_VERSIONS, deprecation=True),
+    _rule("api-version", "header", REFUSED, "apiVersion is {api_version_shown} but the router accepts {api}.",
+          lambda c, s: s.api_version not in DEPRECATED_API_VERSIONS and s.api_version != API_VERSION),
+    _rule("kind", "header", REFUSED, "kind is {kind_shown} but must be {wanted_kind}.", lambda c, s: s.kind != KIND),
+    _rule("unknown-feature-gate", "feature gate", REFUSED,
+          "Feature gate {gate} is not registered in llm-d-router {version} (known: {known}); the EPP does not start.",
+          lambda c, s: isinstance(s.gate, str) and s.gate not in FEATURE_GATES[c.version], source=_R + "cmd/epp/runner/runner.go"),
+    # -- the declared plugins ------------------------------------------------------------------------------------------
+    _rule("no-plugins", "plugin list", REFUSED, "plugins must be a non-empty list.",
+          lambda c, s: not isinstance(s.plugins, list) or not s.plugins),
+    _rule("plugin-without-type", "plugin", REFUSED, "plugins[{index}] has no type.", lambda c, s: not s.typed, final=True),
+    _rule("duplicate-plugin-name", "plugin", REFUSED, "Plugin name {name_text} is declared twice; give one of them another name.",
+          lambda c, s: s.duplicate, final=True),
+    _rule("unregistered-plugin-type", "plugin", REFUSED,
+          "Plugin type {ptype_text} is not registered in llm-d-router {version}{why}, so the EPP does not start{hint}.",
+          lambda c, s: s.spec is None, source=_R + "cmd/epp/runner/runner.go", final=True),
+    _rule("deprecated-plugin-type", "plugin", WARNING, "Plugin type {ptype} is deprecated; use {replacement}.",
+          lambda c, s: s.spec["deprecated"], deprecation=True),
+    _rule("ignored-parameters", "plugin", WARNING,
+          "{label} takes no parameters in llm-d-router {version}; the EPP ignores the ones given.",
+          lambda c, s: s.spec["params"] is None and s.params not in (None, {}, [])),
+    _rule("missing-parameters", "plugin", REFUSED, "{label} needs parameters; its factory fails without them.",
+          lambda c, s: s.spec["params"] is not None and s.params is None and s.spec["requires_params"]),
+    _rule("parameters-not-a-mapping", "plugin", REFUSED,
+          "{label} has parameters that are {params_type}, not a mapping; the EPP cannot decode them.",
+          lambda c, s: s.spec["params"] is not None and s.params is not None and not _is_mapping(s.params)),
+    _rule("flat-parameters", "plugin", WARNING, "{label} uses the deprecated flat parameters; use profiles and deciders.",
+          lambda c, s: s.legacy, deprecation=True),
+    # -- one field of a plugin's parameters (a schema finding of its PLUGINS entry); the first that fits says it -------
+    _rule("unknown-parameter", "parameter", REFUSED,
+          "{where} is not a field of {ptype} in llm-d-router {version}; the EPP decodes parameters strictly "
+          "(DisallowUnknownFields), so the plugin fails and the EPP does not start.",
+          lambda c, s: s.finding == "unknown", final=True),
+    _rule("deprecated-parameter", "parameter", WARNING, "{where} {message}.", lambda c, s: s.finding == "deprecated",
+          final=True, deprecation=True),
+    _rule("parameter-case", "parameter", WARNING, "{where} {message}; write it that way.", lambda c, s: s.finding == "case",
+          final=True),
+    _behaviour("socket-port-range", "parameter", lambda c, s: s.finding == "range" and s.path == SOCKET_PORT_PATH,
+               fields=lambda c, s: {"plugin": s.label, "value": show(c.pod_discovery_port(s.name))}, final=True),
+    _behaviour("speculative-ttl-invalid", "parameter",
+               lambda c, s: _speculative_ttl(s) and _param(c.params_of(s.name), "speculativeIndexing") is True,
+               fields=lambda c, s: {"plugin": s.label, "value": show(_param(c.params_of(s.name), "speculativeTTL"))}, final=True),
+    _behaviour("speculative-ttl-unused", "parameter", lambda c, s: _speculative_ttl(s),
+               fields=lambda c, s: {"plugin": s.label, "value": show(_param(c.params_of(s.name), "speculativeTTL"))}, final=True),
+    _rule("parameter", "parameter", REFUSED, "{where} {message}.", lambda c, s: True, final=True),
+    # -- scheduling profiles -------------------------------------------------------------------------------------------
+    _rule("no-scheduling-profiles", "profile list", REFUSED, "schedulingProfiles must be a non-empty list.",
+          lambda c, s: not isinstance(s.profiles, list) or not s.profiles),
+    _rule("profile-not-a-mapping", "profile", REFUSED, "schedulingProfiles[{index}] is {value_type}, not a mapping.",
+          lambda c, s: not s.mapping, final=True),
+    _rule("profile-without-name", "profile", REFUSED, "schedulingProfiles[{index}] has no name.", lambda c, s: not s.named),
+    _rule("duplicate-profile", "profile", REFUSED, "Scheduling profile {profile} is declared twice.", lambda c, s: s.duplicate),
+    _rule("profile-entry-without-ref", "profile entry", REFUSED, "Scheduling profile {profile} has an entry without pluginRef.",
+          lambda c, s: not s.has_ref, final=True),
+    _rule("undeclared-profile-plugin", "profile entry", REFUSED, UNDECLARED, lambda c, s: not c.declared(s.ref)),
+    _rule("weight-not-a-number", "profile entry", REFUSED, "Scheduling profile {profile} gives {ref} the weight {weight_shown}; "
+          "weights are numbers.", lambda c, s: s.weight is not None and not _is_number(s.weight)),
+    _behaviour("negative-weight", "profile entry", lambda c, s: _is_number(s.weight) and s.weight < 0,
+               fields=lambda c, s: {"weight": s.weight_shown}),
+    _rule("several-pickers", "profile pickers", REFUSED,
+          "Scheduling profile {profile} references {count} pickers ({pickers}); the EPP allows one.", lambda c, s: s.count > 1),
+    _rule("several-profile-handlers", "profile handlers", REFUSED,
+          "Several profile handlers are declared ({handlers}); the EPP allows one.", lambda c, s: len(s.names) > 1),
+    _rule("no-profile-handler", "profile handlers", REFUSED,
+          "Several scheduling profiles are declared but no profile handler plugin is.", lambda c, s: s.profiles > 1 and not s.names),
+    _rule("single-handler-several-profiles", "profile handlers", REFUSED,
+          "single-profile-handler cannot serve several scheduling profiles; use disagg-profile-handler.",
+          lambda c, s: s.profiles > 1 and "single-profile-handler" in [c.type_of(name) for name in s.names]),
+    # -- the data layer ------------------------------------------------------------------------------------------------
+    _rule("source-without-ref", "data source", REFUSED, "A dataLayer source has no pluginRef.", lambda c, s: not s.has_ref,
+          final=True),
+    _rule("undeclared-source", "data source", REFUSED, UNDECLARED, lambda c, s: not c.declared(s.ref)),
+    _rule("not-a-data-source", "data source", REFUSED, "dataLayer source {ref} is a {ref_type}, not a data source.",
+          lambda c, s: c.declared(s.ref) and "data-source" not in c.roles(s.ref)),
+    _rule("extractor-without-ref", "extractor", REFUSED, "dataLayer source {source} has an extractor without pluginRef.",
+          lambda c, s: not s.has_ref, final=True),
+    _rule("undeclared-extractor", "extractor", REFUSED, UNDECLARED, lambda c, s: not c.declared(s.ref)),
+    _rule("undeclared-discovery", "discovery", REFUSED, UNDECLARED, lambda c, s: s.has_ref and not c.declared(s.ref)),
+    _rule("not-a-discovery-plugin", "discovery", REFUSED, "dataLayer discovery {ref} is a {ref_type}, not a discovery plugin.",
+          lambda c, s: s.has_ref and c.declared(s.ref) and "discovery" not in c.roles(s.ref)),
+    # -- request handling: parsers, saturation detectors, flow-control policies ---------------------------------------
+    _rule("not-a-parser", "parser", REFUSED, "Parser {ref} is a {ref_type}, not a parser plugin.",
+          lambda c, s: c.declared(s.ref) and "parser" not in c.roles(s.ref)),
+    _rule("unknown-parser", "parser", REFUSED,
+          "Parser {ref} is neither a declared plugin nor a parser type the EPP can add by itself.",
+          lambda c, s: not c.declared(s.ref) and "parser" not in _mapping(c.table.get(s.ref)).get("roles", ())),
+    _rule("undeclared-saturation-detector", "saturation detector", REFUSED, UNDECLARED,
+          lambda c, s: not c.declared(s.ref) and s.ref != AUTO_SATURATION_DETECTOR, source=_R + "pkg/epp/config/loader/defaults.go"),
+    _rule("not-a-saturation-detector", "saturation detector", REFUSED,
+          "saturationDetector {ref} is a {ref_type}, not a saturation detector.",
+          lambda c, s: c.declared(s.ref) and "saturation-detector" not in c.roles(s.ref)),
+    _rule("undeclared-flow-control-policy", "flow-control policy", REFUSED, UNDECLARED,
+          lambda c, s: s.gated and s.ref not in AUTO_FLOW_CONTROL and not c.declared(s.ref),
+          source=_R + "pkg/epp/config/loader/defaults.go"),
+    # -- parameters that name another plugin --------------------------------------------------------------------------
+    _rule("undeclared-producer", "producer reference", REFUSED, NOT_DECLARED_BY, lambda c, s: not c.declared(s.ref), final=True),
+    _rule("producer-of-another-kind", "producer reference", REFUSED, "{reader} reads {field} {ref}, which is a {ref_type}, not {what}.",
+          lambda c, s: s.role not in c.roles(s.ref)),
+    _rule("undeclared-decider", "decider reference", REFUSED, NOT_DECLARED_BY, lambda c, s: not c.declared(s.ref), final=True),
+    _rule("not-a-decider", "decider reference", REFUSED, "{reader} names {field} {ref}, which is a {ref_type}, not a decider.",
+          lambda c, s: "decider" not in c.roles(s.ref), final=True),
+    _rule("decider-declared-later", "decider reference", REFUSED,
+          "{reader} names {field} {ref}, which is declared after it; the EPP instantiates plugins in order, "
+          "so declare the decider first.", lambda c, s: c.index_of(s.ref) > s.reader_index),
+    # -- a precise producer: its token producer, its scorer, the KV events it subscribes to ---------------------------
+    _behaviour("default-token-producer", "precise producer", lambda c, s: not c.token_producers),
+    _rule("unread-producer", "precise producer", BROKEN,
+          "Producer {name} is declared but no prefix-cache-scorer references it by prefixMatchInfoProducerName.",
+          lambda c, s: s.ptype == PRECISE_PRODUCER and s.name not in c.prefix_scorer_sources()),
+    _rule("no-kv-events", "precise producer", BROKEN, "Producer {name} subscribes to KV events, but the engines do not publish them.",
+          lambda c, s: not c.engine.get("kv_events_enabled", True)),
+    _rule("null-indexer-config", "precise producer", REFUSED,
+          "Producer {name} sets indexerConfig to null; the EPP then refuses it (indexerConfig is required).",
+          lambda c, s: "indexerConfig" in s.raw and s.raw["indexerConfig"] is None),
+    _behaviour("kv-events-config-null", "precise producer", lambda c, s: "kvEventsConfig" in s.raw and s.raw["kvEventsConfig"] is None),
+    _behaviour("zero-concurrency", "precise producer", lambda c, s: _is_int(s.concurrency) and s.concurrency == 0),
+    _behaviour("negative-concurrency", "precise producer", lambda c, s: _is_int(s.concurrency) and s.concurrency < 0,
+               fields=lambda c, s: {"value": s.concurrency}),
+    _rule("tokenizers-pool", "precise producer", REFUSED,
+          "Producer {name} sets indexerConfig.tokenizersPoolConfig, which the router rejects; configure a token-producer "
+          "plugin instead.", lambda c, s: s.ptype == PRECISE_PRODUCER and s.tokenizers_pool is not None),
+    _rule("block-size-differs", "precise producer", WARNING,
+          "Producer {name} hashes blocks of {block_size} tokens while the engines use --block-size {engine_block_size}; "
+          "llm-d-router {version} recomputes block keys from the events' token ids with its own block size "
+          "({block_keys_source}), so this is not an error, but prefix matches are counted in blocks of {block_size} tokens.",
+          lambda c, s: s.engine_block_size is not None and s.block_size != s.engine_block_size,
+          source=_SEMANTICS["block_keys_source"]),
+    _rule("hash-seed-differs", "precise producer", WARNING,
+          "Producer {name} uses hashSeed {hash_seed!r} while the engines run with PYTHONHASHSEED {engine_hash_seed!r}; "
+          "llm-d-router {version} recomputes block keys from the events' token ids ({block_keys_source}), so the seeds "
+          "need not match.", lambda c, s: s.engine_hash_seed is not None and s.hash_seed != s.engine_hash_seed,
+          source=_SEMANTICS["block_keys_source"]),
+    _rule("topic-filter", "precise producer", BROKEN,
+          "Producer {name} subscribes with topicFilter {topic_filter!r}, which is not a prefix of the engines' topic {topic!r}.",
+          lambda c, s: not _topic_matches(s.topic_filter, s.topic)),
+    _rule("engine-type", "precise producer", BROKEN,
+          "Producer {name} decodes events as engineType {engine_type} but the engines are {engine_kind}.",
+          lambda c, s: c.semantics["engine_type_honoured"] and s.engine_kind is not None and s.engine_type != s.engine_kind),
+    _rule("engine-type-ignored", "precise producer", WARNING,
+          "Producer {name} {engine_type_use}, but llm-d-router {version} ignores kvEventsConfig.engineType and always "
+          "decodes KV events with its vLLM adapter ({engine_type_source}): SGLang events are read only while they keep "
+          "vLLM's positional-array layout, and SGLang emits no extra_keys, so salted or multimodal requests never match.",
+          lambda c, s: not c.semantics["engine_type_honoured"] and (s.engine_type != DEFAULT_ENGINE_TYPE or s.engine_kind == "sglang"),
+          fields=lambda c, s: {"engine_type_use": "sets engineType %s" % s.engine_type if s.engine_type != DEFAULT_ENGINE_TYPE
+                               else "routes to SGLang engines"},
+          source=_SEMANTICS["engine_type_source"]),
+    _behaviour("pod-discovery-null", "precise producer",
+               lambda c, s: s.discover_pods and s.pod_discovery is None and not s.zmq_endpoint),
+    _rule("socket-port", "precise producer", BROKEN,
+          "Producer {name} dials KV events on port {port} but the engines publish on port {engine_port}.",
+          lambda c, s: s.discovers and s.engine_port is not None and s.port != s.engine_port),
+    _behaviour("no-notification-source", "precise producer",
+               lambda c, s: s.discovers and not s.zmq_endpoint and NOTIFICATION_SOURCE not in c.extracting.get(s.name, [])),
+    _behaviour("estimating-token-producer", "precise producer's token producer", lambda c, s: c.token_backend(s.token_producer) == "estimate",
+               fields=lambda c, s: {"label": c.label(s.token_producer)}),
+    # -- token producers -----------------------------------------------------------------------------------------------
+    _rule("token-producer-without-model", "token producer", REFUSED,
+          "{label} needs modelName with the {backend} backend; its factory fails without it.",
+          lambda c, s: s.backend in ("uds", "vllm") and not _param(s.params, "modelName")),
+    _rule("several-token-backends", "token producer", REFUSED,
+          "{label} sets more than one of estimate, vllm and udsTokenizerConfig; its factory accepts one.",
+          lambda c, s: s.backends > 1),
+    _rule("render-needs-scale-out", "token producer", WARNING,
+          "{label} renders prompts at {url}{render_path}, which vLLM 0.32 serves only when started with --enable-scale-out "
+          "(403 otherwise), and the engines run without it, so the EPP gets no tokens and precise scoring silently scores "
+          "every endpoint 0.",
+          lambda c, s: s.backend == "vllm" and c.engine.get("enable_scale_out") is False and s.host not in LOCAL_HOSTS,
+          source=_SEMANTICS["render_source"]),
+    # -- the scoring mode asked for ------------------------------------------------------------------------------------
+    _rule("precise-without-producer", "mode", BROKEN,
+          "Mode precise needs a precise-prefix-cache-producer plugin, and none is declared.",
+          lambda c, s: c.mode == "precise" and PRECISE_PRODUCER not in c.types()),
+    _rule("precise-without-scorer", "mode", BROKEN, "Mode precise needs a prefix-cache-scorer with prefixMatchInfoProducerName.",
+          lambda c, s: c.mode == "precise" and PRECISE_LEGACY_SCORER not in c.types() and not any(c.prefix_scorer_sources())),
+    _rule("approximate-with-producer", "mode", BROKEN, "Mode approximate must not declare a precise-prefix-cache-producer.",
+          lambda c, s: c.mode == "approximate" and PRECISE_PRODUCER in c.types()),
+    _rule("approximate-without-load-aware", "mode", BROKEN,
+          "Mode approximate needs a load-aware-scorer plugin, and none is declared.",
+          lambda c, s: c.mode == "approximate" and "load-aware-scorer" not in c.types()),
+)
+
+
+def _rules_by_subject(rules):
+    grouped = {}
+    for rule in rules:
+        grouped.setdefault(rule.looks_at, []).append(rule)
+    return grouped
+
+
+RULES_BY_SUBJECT = _rules_by_subject(RULES)
+
+
+def _evaluate(config, rules_by_subject=None):
+    """Apply the rules to every subject ``config.walk()`` yields, in order; record each finding in ``config.res``."""
+    rules_by_subject = RULES_BY_SUBJECT if rules_by_subject is None else rules_by_subject
+    for looks_at, subject in config.walk():
+        for rule in rules_by_subject.get(looks_at, ()):
+            if not rule.when(config, subject):
+                continue
+            kind, sentence = rule.finding(config, subject)
+            config.res.add(kind, sentence, deprecation=rule.deprecation, rule=rule.name)
+            if rule.final:
+                break
+    return config.res
+
+
+# --- the walk: what the rules look at, in the order the EPP meets it ----------------------------------------------
+
+class _Subject(object):
+    """What one rule looks at: its fields are the template's fields too."""
+
+    def __init__(self, **fields):
+        self.__dict__.update(fields)
+
+
+def _named(value):
+    """A reference or name as the EPP uses it: a non-empty string."""
+    return isinstance(value, str) and bool(value)
+
+
+def _serious(findings):
+    """Schema findings that make a parameter shape wrong (deprecations and case differences do not)."""
+    return any(finding.kind not in ("deprecated", "case") for finding in findings)
+
+
+def _unregistered_note(version, ptype):
+    """``(why, hint)`` of the sentence for a plugin type the version does not register."""
+    why = REMOVED_OR_LATER.get(version, {}).get(ptype) if _named(ptype) else None
+    return (" (%s)" % why, "") if why else ("", "; check its spelling")
+
+
+def _decider_refs(ptype, params):
+    """``(field, plugin name)`` of the deciders a profile handler names (pd-profile-handler has a default one)."""
+    if ptype == "pd-profile-handler":
+        ref = _param(params, "deciderPluginName")
+        return [("deciderPluginName", ref if _named(ref) else "prefix-based-pd-decider")]
+    if ptype != "disagg-profile-handler":
+        return []
+    deciders = _mapping(_param(params, "deciders"))
+    pairs = [("deciders.prefill", _param(deciders, "prefill")), ("deciders.encode", _param(deciders, "encode"))]
+    pairs += [(field, _param(params, field)) for field in ("prefillDeciderPluginName", "deciderPluginName", "encodeDeciderPluginName")]
+    return [(field, ref) for field, ref in pairs if _named(ref)]
+
+
+def _block_size(tpc):
+    tokens, old = _param(tpc, "blockSizeTokens"), _param(tpc, "blockSize")
+    for size in (tokens, old):
+        if _is_int(size) and size > 0:
+            return size
+    return DEFAULT_BLOCK_SIZE
+
+
+def _text_or(value, default):
+    return value if isinstance(value, str) and value else default
+
+
+def _nested_raw(params, *path):
+    """The value at ``path`` with the EPP's defaults: absent -> the default mapping, null -> None."""
+    value = params
+    for key in path:
+        if not _is_mapping(value):
+            return {}
+        found = [k for k in value if isinstance(k, str) and k.lower() == key.lower()]
+        if not found:
+            return {}
+        value = value[key] if key in value else value[found[0]]
+    return value
+
+
+class _Config(object):
+    """One config as the EPP reads it (plugins by name, their roles, the engines' facts) and the walk over it."""
+
+    def __init__(self, config, engine, mode, version, res):
+        self.config, self.engine, self.mode, self.version, self.res = config, engine, mode, version, res
         self.table = PLUGINS[version]
+        self.semantics = SEMANTICS[version]
         self.by_name = {}      # name -> (type, parameters mapping, index)
         self.order = []        # names in declaration order
-
-    # -- sentences -------------------------------------------------------------------------------------------
-    def label(self, name):
-        ptype = self.by_name[name][0] if name in self.by_name else None
-        return "Plugin %s" % _text(name) if ptype in (None, name) else "Plugin %s (%s)" % (_text(name), _text(ptype))
-
-    def top_finding(self, finding):
-        where = "EndpointPickerConfig field %s" % finding.path if finding.path else "The EndpointPickerConfig"
-        if finding.kind == "unknown":
-            self.res.add(REFUSED, "%s is not a field of llm-d-router %s's EndpointPickerConfig; the EPP decodes the "
-                         "config strictly and does not start." % (where, self.version))
-        elif finding.kind == "deprecated":
-            self.res.add(WARNING, deprecation=True, sentence="%s %s." % (where, finding.message))
-        else:
-            self.res.add(REFUSED, "%s %s." % (where, finding.message))
-
-    def param_finding(self, name, finding):
-        ptype = self.by_name[name][0]
-        where = "%s parameter %s" % (self.label(name), finding.path)
-        if finding.kind == "unknown":
-            self.res.add(REFUSED, "%s is not a field of %s in llm-d-router %s; the EPP decodes parameters strictly "
-                         "(DisallowUnknownFields), so the plugin fails and the EPP does not start."
-                         % (where, ptype, self.version))
-        elif finding.kind == "deprecated":
-            self.res.add(WARNING, deprecation=True, sentence="%s %s." % (where, finding.message))
-        elif finding.kind == "case":
-            self.res.add(WARNING, "%s %s; write it that way." % (where, finding.message))
-        elif finding.kind == "range" and finding.path == "kvEventsConfig.podDiscoveryConfig.socketPort":
-            self.rule("socket-port-range", plugin=self.label(name), value=show(self.pod_discovery_port(name)))
-        elif finding.kind == "value" and finding.path == "speculativeTTL" and ptype in (PRECISE_PRODUCER, PRECISE_LEGACY_SCORER):
-            params = self.by_name[name][1]
-            self.rule("speculative-ttl-invalid" if _param(params, "speculativeIndexing") is True else "speculative-ttl-unused",
-                      plugin=self.label(name), value=show(_param(params, "speculativeTTL")))
-        else:
-            self.res.add(REFUSED, "%s %s." % (where, finding.message))
-
-    def rule(self, rule, **fields):
-        """A finding whose kind and sentence come from the version's BEHAVIOUR table (_epp_plugins)."""
-        kind, template, _source = BEHAVIOUR[self.version][rule]
-        self.res.add(kind, template.format(version=self.version, **fields))
-
-    def pod_discovery_port(self, name):
-        kvc = _mapping(_param(self.by_name[name][1], "kvEventsConfig"))
-        return _param(_mapping(_param(kvc, "podDiscoveryConfig")), "socketPort")
-
-    # -- the passes ------------------------------------------------------------------------------------------
-    def run(self):
-        config = self.config
-        for finding in validate(config, CONFIG_SCHEMA[self.version]):
-            self.top_finding(finding)
-        self.check_header()
-        self.collect_plugins()
-        self.check_profiles()
-        self.check_data_layer()
-        self.check_request_handling()
-        self.check_references()
-        self.check_disaggregation()
-        for name in self.order:
-            if self.by_name[name][0] in (PRECISE_PRODUCER, PRECISE_LEGACY_SCORER):
-                self.check_precise(name)
-        self.check_token_producers()
-        self.check_mode()
-        self.res.summary["plugins"] = sorted(self.by_name)
-        return self.res
-
-    def check_header(self):
-        config = self.config
-        api_version = config.get("apiVersion")
-        if api_version in DEPRECATED_API_VERSIONS:
-            self.res.add(WARNING, deprecation=True, sentence="apiVersion %s is deprecated; use %s." % (api_version, API_VERSION))
-        elif api_version != API_VERSION:
-            self.res.add(REFUSED, "apiVersion is %s but the router accepts %s." % (show(api_version), API_VERSION))
-        if config.get("kind") != KIND:
-            self.res.add(REFUSED, "kind is %s but must be %s." % (show(config.get("kind")), KIND))
-        for gate in _list(config.get("featureGates")):
-            if isinstance(gate, str) and gate not in FEATURE_GATES[self.version]:
-                self.res.add(REFUSED, "Feature gate %s is not registered in llm-d-router %s (known: %s); the EPP does not start."
-                             % (gate, self.version, ", ".join(sorted(FEATURE_GATES[self.version]))))
-
-    def collect_plugins(self):
-        plugins = self.config.get("plugins")
-        if not isinstance(plugins, list) or not plugins:
-            self.res.add(REFUSED, "plugins must be a non-empty list.")
-            return
-        for index, plugin in enumerate(plugins):
-            if not _is_mapping(plugin) or not plugin.get("type") or not isinstance(plugin.get("type"), str):
-                self.res.add(REFUSED, "plugins[%d] has no type." % index)
+        self.duplicates = set()  # indexes of entries whose name an earlier entry has
+        self.extracting = {}   # plugin name -> the types of the data sources that list it as an extractor
+        plugins = config.get("plugins")
+        for index, plugin in enumerate(plugins if isinstance(plugins, list) else []):
+            ptype = plugin.get("type") if _is_mapping(plugin) else None
+            if not _named(ptype):
                 continue
-            ptype = plugin["type"]
-            name = plugin.get("name") if isinstance(plugin.get("name"), str) and plugin.get("name") else ptype
+            name = plugin.get("name") if _named(plugin.get("name")) else ptype
             if name in self.by_name:
-                self.res.add(REFUSED, "Plugin name %s is declared twice; give one of them another name." % _text(name))
+                self.duplicates.add(index)
                 continue
             params = plugin.get("parameters")
             self.by_name[name] = (ptype, params if _is_mapping(params) else {}, index)
             self.order.append(name)
-            self.check_plugin(name, ptype, params)
+        self.token_producers = [name for name in self.order if TOKEN_PRODUCER in self.roles(name)]
 
-    def check_plugin(self, name, ptype, params):
-        spec = self.table.get(ptype)
-        if spec is None:
-            why = REMOVED_OR_LATER.get(self.version, {}).get(ptype)
-            self.res.add(REFUSED, "Plugin type %s is not registered in llm-d-router %s%s, so the EPP does not start%s."
-                         % (_text(ptype), self.version, " (%s)" % why if why else "",
-                            "" if why else "; check its spelling"))
-            return
-        if spec["deprecated"]:
-            self.res.add(WARNING, deprecation=True, sentence="Plugin type %s is deprecated; use %s." % (ptype, spec["deprecated"]))
-        if spec["params"] is None:
-            if params not in (None, {}, []):
-                self.res.add(WARNING, "%s takes no parameters in llm-d-router %s; the EPP ignores the ones given."
-                             % (self.label(name), self.version))
-            return
-        if params is None:
-            if spec["requires_params"]:
-                self.res.add(REFUSED, "%s needs parameters; its factory fails without them." % self.label(name))
-            return
-        if not _is_mapping(params):
-            self.res.add(REFUSED, "%s has parameters that are %s, not a mapping; the EPP cannot decode them."
-                         % (self.label(name), type_name(params)))
-            return
-        findings = validate(params, spec["params"], case_insensitive=True)
-        if spec["legacy_params"] is not None and any(f.kind not in ("deprecated", "case") for f in findings):
-            legacy = validate(params, spec["legacy_params"], case_insensitive=True)
-            if not any(f.kind not in ("deprecated", "case") for f in legacy):
-                self.res.add(WARNING, deprecation=True, sentence="%s uses the deprecated flat parameters; use profiles and deciders." % self.label(name))
-                findings = legacy
-        for finding in findings:
-            self.param_finding(name, finding)
+    # -- what the rules ask ----------------------------------------------------------------------------------------
+    def declared(self, name):
+        return isinstance(name, str) and name in self.by_name
 
-    def ref_exists(self, ref, where):
-        if ref not in self.by_name:
-            self.res.add(REFUSED, "%s references plugin %s, which is not declared in plugins." % (where, _text(ref)))
-            return False
-        return True
+    def type_of(self, name):
+        return self.by_name[name][0] if self.declared(name) else None
+
+    def params_of(self, name):
+        return self.by_name[name][1] if self.declared(name) else {}
+
+    def index_of(self, name):
+        return self.by_name[name][2]
+
+    def types(self):
+        return [self.by_name[name][0] for name in self.order]
 
     def roles(self, name):
-        spec = self.table.get(self.by_name[name][0]) if name in self.by_name else None
+        spec = self.table.get(self.type_of(name)) if self.declared(name) else None
         return spec["roles"] if spec else frozenset()
 
-    def check_profiles(self):
-        profiles = self.config.get("schedulingProfiles")
-        if not isinstance(profiles, list) or not profiles:
-            self.res.add(REFUSED, "schedulingProfiles must be a non-empty list.")
-            profiles = []
-        seen = set()
-        for index, profile in enumerate(profiles):
-            if not _is_mapping(profile):
-                self.res.add(REFUSED, "schedulingProfiles[%d] is %s, not a mapping." % (index, type_name(profile)))
-                continue
-            pname = profile.get("name")
-            if not pname or not isinstance(pname, str):
-                self.res.add(REFUSED, "schedulingProfiles[%d] has no name." % index)
-                pname = "schedulingProfiles[%d]" % index
-            elif pname in seen:
-                self.res.add(REFUSED, "Scheduling profile %s is declared twice." % pname)
-            seen.add(pname)
-            pickers = []
-            for entry in _list(profile.get("plugins")):
-                ref = entry.get("pluginRef") if _is_mapping(entry) else None
-                if not ref or not isinstance(ref, str):
-                    self.res.add(REFUSED, "Scheduling profile %s has an entry without pluginRef." % pname)
-                    continue
-                if self.ref_exists(ref, "Scheduling profile %s" % pname) and "picker" in self.roles(ref):
-                    pickers.append(ref)
-                weight = entry.get("weight")
-                if weight is not None and (not isinstance(weight, (int, float)) or isinstance(weight, bool)):
-                    self.res.add(REFUSED, "Scheduling profile %s gives %s the weight %s; weights are numbers."
-                                 % (pname, ref, show(weight)))
-                elif weight is not None and weight < 0:
-                    self.rule("negative-weight", profile=pname, plugin=_text(ref), weight=show(weight))
-            if len(pickers) > 1:
-                self.res.add(REFUSED, "Scheduling profile %s references %d pickers (%s); the EPP allows one."
-                             % (pname, len(pickers), ", ".join(pickers)))
-        handlers = [name for name in self.order if "profile-handler" in self.roles(name)]
-        if len(handlers) > 1:
-            self.res.add(REFUSED, "Several profile handlers are declared (%s); the EPP allows one." % ", ".join(handlers))
-        if len(seen) > 1:
-            if not handlers:
-                self.res.add(REFUSED, "Several scheduling profiles are declared but no profile handler plugin is.")
-            elif any(self.by_name[name][0] == "single-profile-handler" for name in handlers):
-                self.res.add(REFUSED, "single-profile-handler cannot serve several scheduling profiles; use disagg-profile-handler.")
+    def label(self, name):
+        ptype = self.type_of(name)
+        return "Plugin %s" % _text(name) if ptype in (None, name) else "Plugin %s (%s)" % (_text(name), _text(ptype))
 
-    def check_data_layer(self):
-        data_layer = _mapping(self.config.get("dataLayer"))
-        self.extracting = {}
-        for source in _list(data_layer.get("sources")):
-            ref = source.get("pluginRef") if _is_mapping(source) else None
-            if not ref or not isinstance(ref, str):
-                self.res.add(REFUSED, "A dataLayer source has no pluginRef.")
-                continue
-            if self.ref_exists(ref, "dataLayer source") and "data-source" not in self.roles(ref):
-                self.res.add(REFUSED, "dataLayer source %s is a %s, not a data source." % (ref, self.by_name[ref][0]))
-            for extractor in _list(source.get("extractors")):
-                eref = extractor.get("pluginRef") if _is_mapping(extractor) else None
-                if not eref or not isinstance(eref, str):
-                    self.res.add(REFUSED, "dataLayer source %s has an extractor without pluginRef." % ref)
-                    continue
-                if self.ref_exists(eref, "dataLayer source %s extractor" % ref):
-                    self.extracting.setdefault(eref, []).append(self.by_name.get(ref, ("",))[0])
-        discovery = _mapping(data_layer.get("discovery")).get("pluginRef")
-        if isinstance(discovery, str) and discovery and self.ref_exists(discovery, "dataLayer discovery") \
-                and "discovery" not in self.roles(discovery):
-            self.res.add(REFUSED, "dataLayer discovery %s is a %s, not a discovery plugin." % (discovery, self.by_name[discovery][0]))
+    def prefix_scorer_sources(self):
+        """The prefixMatchInfoProducerName of every prefix-cache-scorer, in declaration order."""
+        return [_param(self.params_of(name), "prefixMatchInfoProducerName") for name in self.order
+                if self.type_of(name) == PREFIX_SCORER]
 
-    def check_request_handling(self):
-        config = self.config
-        parsers = [p.get("pluginRef") for p in _list(_mapping(config.get("requestHandler")).get("parsers")) if _is_mapping(p)]
-        parsers.append(_mapping(config.get("parser")).get("pluginRef"))
-        for ref in parsers:
-            if not isinstance(ref, str) or not ref:
-                continue
-            if ref in self.by_name:
-                if "parser" not in self.roles(ref):
-                    self.res.add(REFUSED, "Parser %s is a %s, not a parser plugin." % (ref, self.by_name[ref][0]))
-            elif "parser" not in _mapping(self.table.get(ref)).get("roles", ()):
-                self.res.add(REFUSED, "Parser %s is neither a declared plugin nor a parser type the EPP can add by itself." % ref)
-        flow = _mapping(config.get("flowControl"))
-        for holder in (flow, config):
-            ref = _mapping(holder.get("saturationDetector")).get("pluginRef")
-            if not isinstance(ref, str) or not ref or (ref == AUTO_SATURATION_DETECTOR and ref not in self.by_name):
-                continue
-            if self.ref_exists(ref, "saturationDetector") and "saturation-detector" not in self.roles(ref):
-                self.res.add(REFUSED, "saturationDetector %s is a %s, not a saturation detector." % (ref, self.by_name[ref][0]))
-        if "flowControl" in _list(config.get("featureGates")):
-            bands = [flow.get("defaultPriorityBand"), flow.get("defaultNegativePriorityBand")] + _list(flow.get("priorityBands"))
-            refs = [("flowControl.usageLimitPolicyPluginRef", flow.get("usageLimitPolicyPluginRef"))]
-            for band in bands:
-                band = _mapping(band)
-                refs += [("A priority band's fairnessPolicyRef", band.get("fairnessPolicyRef")),
-                         ("A priority band's orderingPolicyRef", band.get("orderingPolicyRef"))]
-            for where, ref in refs:
-                if isinstance(ref, str) and ref and ref not in AUTO_FLOW_CONTROL:
-                    self.ref_exists(ref, where)
-
-    def check_references(self):
-        """Parameters that name another plugin must name a declared plugin of the right kind."""
-        for name in self.order:
-            ptype, params, _index = self.by_name[name]
-            refs = PRODUCER_REFERENCES + ((MM_PRODUCER_REFERENCE,) if "scorer" in self.roles(name) else ())
-            subject = "Scorer %s" % name if ptype == PREFIX_SCORER else self.label(name)
-            for field, role, what in refs:
-                ref = _param(params, field)
-                if not isinstance(ref, str) or not ref:
-                    continue
-                if ref not in self.by_name:
-                    self.res.add(REFUSED, "%s reads %s %s, which is not declared in plugins." % (subject, field, ref))
-                elif role not in self.roles(ref):
-                    self.res.add(REFUSED, "%s reads %s %s, which is a %s, not %s." % (
-                        subject, field, ref, self.by_name[ref][0], what))
-
-    def decider(self, handler, field, ref):
-        """A decider named by a profile handler: declared, a decider, and declared before the handler."""
-        if ref not in self.by_name:
-            self.res.add(REFUSED, "%s names %s %s, which is not declared in plugins." % (self.label(handler), field, ref))
-        elif "decider" not in self.roles(ref):
-            self.res.add(REFUSED, "%s names %s %s, which is a %s, not a decider." % (self.label(handler), field, ref, self.by_name[ref][0]))
-        elif self.by_name[ref][2] > self.by_name[handler][2]:
-            self.res.add(REFUSED, "%s names %s %s, which is declared after it; the EPP instantiates plugins in order, "
-                         "so declare the decider first." % (self.label(handler), field, ref))
-
-    def check_disaggregation(self):
-        for name in self.order:
-            ptype, params, _index = self.by_name[name]
-            if ptype == "pd-profile-handler":
-                ref = _param(params, "deciderPluginName")
-                self.decider(name, "deciderPluginName", ref if isinstance(ref, str) and ref else "prefix-based-pd-decider")
-            elif ptype == "disagg-profile-handler":
-                deciders = _mapping(_param(params, "deciders"))
-                pairs = [("deciders.prefill", _param(deciders, "prefill")), ("deciders.encode", _param(deciders, "encode"))]
-                pairs += [(field, _param(params, field)) for field in
-                          ("prefillDeciderPluginName", "deciderPluginName", "encodeDeciderPluginName")]
-                for field, ref in pairs:
-                    if isinstance(ref, str) and ref:
-                        self.decider(name, field, ref)
-
-    def check_precise(self, name):
-        ptype, params, _index = self.by_name[name]
-        res, engine, semantics = self.res, self.engine, SEMANTICS[self.version]
-        if ptype == PRECISE_LEGACY_SCORER and any(self.by_name[other][0] == PRECISE_PRODUCER and self.by_name[other][2] < _index
-                                                  for other in self.order):
-            return  # the legacy scorer defers to the producer declared before it and ignores its own parameters
-        token_producers = [other for other in self.order if "token-producer" in self.roles(other)]
-        if not token_producers:
-            self.rule("default-token-producer", name=name)
-        if ptype == PRECISE_PRODUCER and not any(
-                self.by_name[other][0] == PREFIX_SCORER and _param(self.by_name[other][1], "prefixMatchInfoProducerName") == name
-                for other in self.order):
-            res.add(BROKEN, "Producer %s is declared but no prefix-cache-scorer references it by prefixMatchInfoProducerName." % name)
-        if not engine.get("kv_events_enabled", True):
-            res.add(BROKEN, "Producer %s subscribes to KV events, but the engines do not publish them." % name)
-        raw = self.config_params(name)
-        for field in ("indexerConfig", "kvEventsConfig"):
-            if field in raw and raw[field] is None and field == "indexerConfig":
-                res.add(REFUSED, "Producer %s sets indexerConfig to null; the EPP then refuses it (indexerConfig is required)." % name)
-            elif field in raw and raw[field] is None:
-                self.rule("kv-events-config-null", name=name)
-        concurrency = _param(_mapping(_param(params, "kvEventsConfig")), "concurrency")
-        if _is_int(concurrency) and concurrency == 0:
-            self.rule("zero-concurrency", name=name)
-        elif _is_int(concurrency) and concurrency < 0:
-            self.rule("negative-concurrency", name=name, value=concurrency)
-        indexer = _mapping(_param(params, "indexerConfig"))
-        if _param(indexer, "tokenizersPoolConfig") is not None and ptype == PRECISE_PRODUCER:
-            res.add(REFUSED, "Producer %s sets indexerConfig.tokenizersPoolConfig, which the router rejects; "
-                    "configure a token-producer plugin instead." % name)
-        tpc = _mapping(_param(params, "tokenProcessorConfig"))
-        tokens, old = _param(tpc, "blockSizeTokens"), _param(tpc, "blockSize")
-        block_size = tokens if _is_int(tokens) and tokens > 0 else (old if _is_int(old) and old > 0 else DEFAULT_BLOCK_SIZE)
-        want_block = engine.get("block_size")
-        if want_block is not None and block_size != want_block:
-            res.add(WARNING, "Producer %s hashes blocks of %s tokens while the engines use --block-size %s; llm-d-router %s "
-                    "recomputes block keys from the events' token ids with its own block size (%s), so this is "
-                    "not an error, but prefix matches are counted in blocks of %s tokens."
-                    % (name, block_size, want_block, self.version, semantics["block_keys_source"], block_size))
-        seed = _param(tpc, "hashSeed")
-        seed = seed if isinstance(seed, str) else ""
-        want_seed = engine.get("hash_seed")
-        if want_seed is not None and seed != str(want_seed):
-            res.add(WARNING, "Producer %s uses hashSeed %r while the engines run with PYTHONHASHSEED %r; llm-d-router %s "
-                    "recomputes block keys from the events' token ids (%s), so the seeds need not match."
-                    % (name, seed, str(want_seed), self.version, semantics["block_keys_source"]))
-        kvc = _mapping(_param(params, "kvEventsConfig"))
-        topic_filter = _param(kvc, "topicFilter")
-        topic_filter = topic_filter if isinstance(topic_filter, str) else DEFAULT_TOPIC_FILTER
-        topic = engine.get("topic")
-        if not _topic_matches(topic_filter, topic):
-            res.add(BROKEN, "Producer %s subscribes with topicFilter %r, which is not a prefix of the engines' topic %r."
-                    % (name, topic_filter, topic))
-        engine_type = _param(kvc, "engineType")
-        engine_type = engine_type if isinstance(engine_type, str) and engine_type else DEFAULT_ENGINE_TYPE
-        want_type = engine.get("engine_type")
-        if semantics["engine_type_honoured"]:
-            if want_type is not None and engine_type != want_type:
-                res.add(BROKEN, "Producer %s decodes events as engineType %s but the engines are %s." % (name, engine_type, want_type))
-        elif engine_type != DEFAULT_ENGINE_TYPE or want_type == "sglang":
-            res.add(WARNING, "Producer %s %s, but llm-d-router %s ignores kvEventsConfig.engineType and always decodes KV "
-                    "events with its vLLM adapter (%s): SGLang events are read only while they keep vLLM's "
-                    "positional-array layout, and SGLang emits no extra_keys, so salted or multimodal "
-                    "requests never match."
-                    % (name, "sets engineType %s" % engine_type if engine_type != DEFAULT_ENGINE_TYPE
-                       else "routes to SGLang engines", self.version, semantics["engine_type_source"]))
-        discover_flag = _param(kvc, "discoverPods")
-        pdc_raw = self.nested_raw(raw, "kvEventsConfig", "podDiscoveryConfig")
-        discover = (discover_flag if isinstance(discover_flag, bool) else True) and pdc_raw is not None
-        zmq_endpoint = _param(kvc, "zmqEndpoint")
-        if (discover_flag if isinstance(discover_flag, bool) else True) and pdc_raw is None and not zmq_endpoint:
-            self.rule("pod-discovery-null", name=name)
-        if discover:
-            port = _param(_mapping(pdc_raw), "socketPort")
-            port = port if _is_int(port) and port else DEFAULT_SOCKET_PORT
-            want_port = engine.get("kv_events_port")
-            if want_port is not None and port != want_port:
-                res.add(BROKEN, "Producer %s dials KV events on port %s but the engines publish on port %s." % (name, port, want_port))
-            if not zmq_endpoint and NOTIFICATION_SOURCE not in self.extracting.get(name, []):
-                self.rule("no-notification-source", name=name)
-        for other in token_producers:
-            if self.token_backend(other) == "estimate":
-                self.rule("estimating-token-producer", name=name, label=self.label(other))
-        res.summary[name] = {"block_size": block_size, "hash_seed": seed, "topic_filter": topic_filter,
-                             "engine_type": engine_type, "discover_pods": bool(discover)}
-
-    def config_params(self, name):
-        """The raw ``parameters`` mapping of a declared plugin, nulls included."""
-        index = self.by_name[name][2]
-        plugin = self.config["plugins"][index]
-        return _mapping(plugin.get("parameters"))
-
-    @staticmethod
-    def nested_raw(params, *path):
-        """The value at ``path`` with the EPP's defaults: absent -> the default mapping, null -> None."""
-        value = params
-        for key in path:
-            if not _is_mapping(value):
-                return {}
-            found = [k for k in value if isinstance(k, str) and k.lower() == key.lower()]
-            if not found:
-                return {}
-            value = value[key] if key in value else value[found[0]]
-        return value
+    def pod_discovery_port(self, name):
+        kv_events = _mapping(_param(self.params_of(name), "kvEventsConfig"))
+        return _param(_mapping(_param(kv_events, "podDiscoveryConfig")), "socketPort")
 
     def token_backend(self, name):
-        params = self.by_name[name][1]
+        params = self.params_of(name)
         if _is_mapping(_param(params, "udsTokenizerConfig")) and _param(_param(params, "udsTokenizerConfig"), "socketFile"):
             return "uds"
         if _param(params, "vllm") is not None or _param(params, "modelName"):
             return "vllm"
         return "estimate"
 
-    def check_token_producers(self):
-        semantics = SEMANTICS[self.version]
-        for name in self.order:
-            if "token-producer" not in self.roles(name):
-                continue
-            params = self.by_name[name][1]
-            backend = self.token_backend(name)
-            if backend in ("uds", "vllm") and not _param(params, "modelName"):
-                self.res.add(REFUSED, "%s needs modelName with the %s backend; its factory fails without it." % (self.label(name), backend))
-            if sum(1 for on in (_param(params, "estimate") is not None, backend == "uds",
-                                _param(params, "vllm") is not None or bool(_param(params, "modelName"))) if on) > 1:
-                self.res.add(REFUSED, "%s sets more than one of estimate, vllm and udsTokenizerConfig; its factory accepts one."
-                             % self.label(name))
-            if backend != "vllm":
-                continue
-            url = _param(_mapping(_param(params, "vllm")), "url")
-            url = url if isinstance(url, str) and url else DEFAULT_RENDER_URL
-            host = url.split("://", 1)[-1].split("/", 1)[0].rsplit(":", 1)[0]
-            if self.engine.get("enable_scale_out") is False and host not in LOCAL_HOSTS:
-                self.res.add(WARNING, "%s renders prompts at %s%s, which vLLM 0.32 serves only when started with "
-                             "--enable-scale-out (403 otherwise), and the engines run without it, so the EPP "
-                             "gets no tokens and precise scoring silently scores every endpoint 0."
-                             % (self.label(name), url.rstrip("/"), semantics["render_path"]))
+    def raw_params(self, name):
+        """The ``parameters`` mapping of a declared plugin as written, nulls included."""
+        return _mapping(self.config["plugins"][self.index_of(name)].get("parameters"))
 
-    def check_mode(self):
-        mode, res, types = self.mode, self.res, [self.by_name[name][0] for name in self.order]
-        precise = [name for name in self.order if self.by_name[name][0] == PRECISE_PRODUCER]
-        if mode == "precise":
-            if not precise:
-                res.add(BROKEN, "Mode precise needs a precise-prefix-cache-producer plugin, and none is declared.")
-            if PRECISE_LEGACY_SCORER not in types and not any(
-                    self.by_name[name][0] == PREFIX_SCORER and _param(self.by_name[name][1], "prefixMatchInfoProducerName")
-                    for name in self.order):
-                res.add(BROKEN, "Mode precise needs a prefix-cache-scorer with prefixMatchInfoProducerName.")
-        elif mode == "approximate":
-            if precise:
-                res.add(BROKEN, "Mode approximate must not declare a precise-prefix-cache-producer.")
-            if "load-aware-scorer" not in types:
-                res.add(BROKEN, "Mode approximate needs a load-aware-scorer plugin, and none is declared.")
+    # -- the walk ----------------------------------------------------------------------------------------------------
+    def walk(self):
+        """``(looks_at, subject)`` for everything a rule looks at, in the order the checks report it."""
+        for part in (self._top_level, self._plugins, self._profiles, self._data_layer, self._request_handling,
+                     self._references, self._precise_producers, self._token_producers):
+            yield from part()
+        yield "mode", _Subject()
+        self.res.summary["plugins"] = sorted(self.by_name)
+
+    def _top_level(self):
+        for finding in validate(self.config, CONFIG_SCHEMA[self.version]):
+            where = "EndpointPickerConfig field %s" % finding.path if finding.path else "The EndpointPickerConfig"
+            yield "top-level field", _Subject(finding=finding.kind, where=where, message=finding.message)
+        api_version, kind = self.config.get("apiVersion"), self.config.get("kind")
+        yield "header", _Subject(api_version=api_version, api_version_shown=show(api_version), api=API_VERSION, kind=kind,
+                                 kind_shown=show(kind), wanted_kind=KIND)
+        for gate in _list(self.config.get("featureGates")):
+            yield "feature gate", _Subject(gate=gate, known=", ".join(sorted(FEATURE_GATES[self.version])))
+
+    def _plugins(self):
+        plugins = self.config.get("plugins")
+        yield "plugin list", _Subject(plugins=plugins)
+        for index, plugin in enumerate(plugins if isinstance(plugins, list) and plugins else []):
+            subject = self._plugin(index, plugin)
+            findings = self._parameter_findings(subject)
+            yield "plugin", subject
+            for finding in findings:
+                yield "parameter", _Subject(finding=finding.kind, path=finding.path, message=finding.message, name=subject.name,
+                                            ptype=subject.ptype, label=subject.label, where="%s parameter %s" % (subject.label, finding.path))
+
+    def _plugin(self, index, plugin):
+        """One entry of ``plugins`` as the EPP registers it (``typed``: it has a type; ``duplicate``: its name is taken)."""
+        plugin = _mapping(plugin)
+        ptype = plugin.get("type")
+        typed = _named(ptype)
+        name = (plugin.get("name") if _named(plugin.get("name")) else ptype) if typed else None
+        spec = self.table.get(ptype) if typed else None
+        why, hint = _unregistered_note(self.version, ptype)
+        return _Subject(index=index, typed=typed, duplicate=index in self.duplicates, name=name, name_text=_text(name),
+                        ptype=ptype, ptype_text=_text(ptype), why=why, hint=hint, spec=spec, replacement=spec and spec["deprecated"],
+                        params=plugin.get("parameters"), params_type=type_name(plugin.get("parameters")),
+                        label=self.label(name) if typed else None, legacy=False)
+
+    @staticmethod
+    def _parameter_findings(subject):
+        """The schema findings of a plugin's parameters (the legacy shape's when only that fits: ``subject.legacy``)."""
+        spec, params = subject.spec, subject.params
+        if not subject.typed or subject.duplicate or spec is None or spec["params"] is None or not _is_mapping(params):
+            return []
+        findings = validate(params, spec["params"], case_insensitive=True)
+        if spec["legacy_params"] is not None and _serious(findings):
+            legacy = validate(params, spec["legacy_params"], case_insensitive=True)
+            if not _serious(legacy):
+                subject.legacy = True
+                return legacy
+        return findings
+
+    def _profiles(self):
+        profiles = self.config.get("schedulingProfiles")
+        yield "profile list", _Subject(profiles=profiles)
+        seen = set()
+        for index, profile in enumerate(profiles if isinstance(profiles, list) else []):
+            if not _is_mapping(profile):
+                yield "profile", _Subject(index=index, mapping=False, value_type=type_name(profile))
+                continue
+            named = _named(profile.get("name"))
+            name = profile.get("name") if named else "schedulingProfiles[%d]" % index
+            yield "profile", _Subject(index=index, mapping=True, named=named, profile=name, duplicate=named and name in seen)
+            seen.add(name)
+            entries = [self._profile_entry(name, entry) for entry in _list(profile.get("plugins"))]
+            for entry in entries:
+                yield "profile entry", entry
+            yield "profile pickers", self._pickers(name, entries)
+        handlers = [name for name in self.order if "profile-handler" in self.roles(name)]
+        yield "profile handlers", _Subject(names=handlers, handlers=", ".join(handlers), profiles=len(seen))
+
+    def _pickers(self, profile, entries):
+        pickers = [entry.ref for entry in entries if self.declared(entry.ref) and "picker" in self.roles(entry.ref)]
+        return _Subject(profile=profile, count=len(pickers), pickers=", ".join(pickers))
+
+    @staticmethod
+    def _profile_entry(profile, entry):
+        ref = _mapping(entry).get("pluginRef")
+        weight = _mapping(entry).get("weight") if _named(ref) else None
+        return _Subject(profile=profile, where="Scheduling profile %s" % profile, has_ref=_named(ref), ref=ref, plugin=_text(ref),
+                        weight=weight, weight_shown=show(weight))
+
+    def _data_layer(self):
+        data_layer = _mapping(self.config.get("dataLayer"))
+        for source in _list(data_layer.get("sources")):
+            ref = source.get("pluginRef") if _is_mapping(source) else None
+            yield "data source", _Subject(has_ref=_named(ref), ref=ref, plugin=_text(ref), where="dataLayer source",
+                                          ref_type=self.type_of(ref))
+            if not _named(ref):
+                continue
+            for extractor in _list(source.get("extractors")):
+                extractor_ref = extractor.get("pluginRef") if _is_mapping(extractor) else None
+                yield "extractor", _Subject(source=ref, has_ref=_named(extractor_ref), ref=extractor_ref, plugin=_text(extractor_ref),
+                                            where="dataLayer source %s extractor" % ref)
+                if _named(extractor_ref) and self.declared(extractor_ref):
+                    self.extracting.setdefault(extractor_ref, []).append(self.type_of(ref) or "")
+        discovery = _mapping(data_layer.get("discovery")).get("pluginRef")
+        yield "discovery", _Subject(has_ref=_named(discovery), ref=discovery, plugin=_text(discovery), where="dataLayer discovery",
+                                    ref_type=self.type_of(discovery))
+
+    def _request_handling(self):
+        config = self.config
+        parsers = [p.get("pluginRef") for p in _list(_mapping(config.get("requestHandler")).get("parsers")) if _is_mapping(p)]
+        parsers.append(_mapping(config.get("parser")).get("pluginRef"))
+        for ref in filter(_named, parsers):
+            yield "parser", _Subject(ref=ref, ref_type=self.type_of(ref))
+        flow = _mapping(config.get("flowControl"))
+        for holder in (flow, config):
+            ref = _mapping(holder.get("saturationDetector")).get("pluginRef")
+            if _named(ref):
+                yield "saturation detector", _Subject(ref=ref, plugin=_text(ref), where="saturationDetector", ref_type=self.type_of(ref))
+        gated = "flowControl" in _list(config.get("featureGates"))
+        bands = [flow.get("defaultPriorityBand"), flow.get("defaultNegativePriorityBand")] + _list(flow.get("priorityBands"))
+        refs = [("flowControl.usageLimitPolicyPluginRef", flow.get("usageLimitPolicyPluginRef"))]
+        for band in map(_mapping, bands):
+            refs += [("A priority band's fairnessPolicyRef", band.get("fairnessPolicyRef")),
+                     ("A priority band's orderingPolicyRef", band.get("orderingPolicyRef"))]
+        for where, ref in refs:
+            if _named(ref):
+                yield "flow-control policy", _Subject(gated=gated, ref=ref, plugin=_text(ref), where=where)
+
+    def _references(self):
+        for name in self.order:
+            ptype, params, index = self.by_name[name]
+            refs = PRODUCER_REFERENCES + ((MM_PRODUCER_REFERENCE,) if "scorer" in self.roles(name) else ())
+            reader = "Scorer %s" % name if ptype == PREFIX_SCORER else self.label(name)
+            for field, role, what in refs:
+                ref = _param(params, field)
+                if _named(ref):
+                    yield "producer reference", _Subject(reader=reader, verb="reads", field=field, role=role, what=what, ref=ref,
+                                                         ref_type=self.type_of(ref))
+        for name in self.order:
+            ptype, params, index = self.by_name[name]
+            for field, ref in _decider_refs(ptype, params):
+                yield "decider reference", _Subject(reader=self.label(name), reader_index=index, verb="names", field=field, ref=ref,
+                                                    ref_type=self.type_of(ref))
+
+    def _defers(self, name):
+        """The legacy scorer defers to a producer declared before it and ignores its own parameters."""
+        return self.type_of(name) == PRECISE_LEGACY_SCORER and any(
+            self.type_of(other) == PRECISE_PRODUCER and self.index_of(other) < self.index_of(name) for other in self.order)
+
+    def _precise_producers(self):
+        for name in self.order:
+            if self.type_of(name) not in PRECISE_TYPES or self._defers(name):
+                continue
+            subject = self._producer(name)
+            yield "precise producer", subject
+            for other in self.token_producers:
+                yield "precise producer's token producer", _Subject(name=name, token_producer=other)
+            self.res.summary[name] = {"block_size": subject.block_size, "hash_seed": subject.hash_seed,
+                                      "topic_filter": subject.topic_filter, "engine_type": subject.engine_type,
+                                      "discover_pods": bool(subject.discovers)}
+
+    def _producer(self, name):
+        """A precise producer with what it subscribes to, as the EPP reads its parameters (defaults filled in)."""
+        params, raw, engine = self.params_of(name), self.raw_params(name), self.engine
+        kv_events = _mapping(_param(params, "kvEventsConfig"))
+        tokens = _mapping(_param(params, "tokenProcessorConfig"))
+        discover = _param(kv_events, "discoverPods")
+        pod_discovery = _nested_raw(raw, "kvEventsConfig", "podDiscoveryConfig")
+        port = _param(_mapping(pod_discovery), "socketPort")
+        engine_seed = engine.get("hash_seed")
+        subject = _Subject(
+            name=name, ptype=self.type_of(name), raw=raw, concurrency=_param(kv_events, "concurrency"),
+            tokenizers_pool=_param(_mapping(_param(params, "indexerConfig")), "tokenizersPoolConfig"),
+            block_size=_block_size(tokens), engine_block_size=engine.get("block_size"),
+            hash_seed=_text_or(_param(tokens, "hashSeed"), ""), engine_hash_seed=None if engine_seed is None else str(engine_seed),
+            topic_filter=_param(kv_events, "topicFilter"), topic=engine.get("topic"),
+            engine_type=_text_or(_param(kv_events, "engineType"), DEFAULT_ENGINE_TYPE), engine_kind=engine.get("engine_type"),
+            discover_pods=discover if isinstance(discover, bool) else True, pod_discovery=pod_discovery,
+            zmq_endpoint=_param(kv_events, "zmqEndpoint"), port=port if _is_int(port) and port else DEFAULT_SOCKET_PORT,
+            engine_port=engine.get("kv_events_port"), block_keys_source=self.semantics["block_keys_source"],
+            engine_type_source=self.semantics["engine_type_source"])
+        subject.topic_filter = subject.topic_filter if isinstance(subject.topic_filter, str) else DEFAULT_TOPIC_FILTER
+        subject.discovers = subject.discover_pods and pod_discovery is not None
+        return subject
+
+    def _token_producers(self):
+        for name in self.token_producers:
+            params = self.params_of(name)
+            backend = self.token_backend(name)
+            url = _text_or(_param(_mapping(_param(params, "vllm")), "url"), DEFAULT_RENDER_URL)
+            backends = [_param(params, "estimate") is not None, backend == "uds",
+                        _param(params, "vllm") is not None or bool(_param(params, "modelName"))]
+            yield "token producer", _Subject(label=self.label(name), params=params, backend=backend, backends=sum(backends),
+                                             url=url.rstrip("/"), render_path=self.semantics["render_path"],
+                                             host=url.split("://", 1)[-1].split("/", 1)[0].rsplit(":", 1)[0])
+
+
+# --- the check's own arguments -------------------------------------------------------------------------------------
+
+def _engine_problem(key, value):
+    """The sentence for one engine setting that does not fit ENGINE_OPTIONS (None when it does)."""
+    entry = ENGINE_OPTIONS[key]
+    kind = entry["type"]
+    fits = {"int": _is_int(value), "bool": isinstance(value, bool), "str": isinstance(value, str)}[kind]
+    if not fits:
+        return "engine.%s is %s but must be %s." % (key, type_name(value), ENGINE_WORDS[kind])
+    if "range" in entry and not entry["range"][0] <= value <= entry["range"][1]:
+        return "engine.%s must be between %d and %d (got %d)." % (key, entry["range"][0], entry["range"][1], value)
+    if entry.get("choices") and value not in entry["choices"]:
+        return "engine.%s is %s but must be %s." % (key, show(value), " or ".join(entry["choices"]))
+    return None
 
 
 def _check_engine(engine, res):
-    """The engine facts the caller gives: keep the well-typed ones, one sentence per bad one."""
+    """The engine facts the caller gives: keep the well-typed ones, one INPUT finding per bad one."""
     if engine is None:
         return {}
     if not _is_mapping(engine):
@@ -620,41 +815,24 @@ def _check_engine(engine, res):
         return {}
     clean = {}
     for key, value in engine.items():
-        kind = ENGINE_KEYS.get(key)
-        if kind is None:
-            res.add(INPUT, "engine.%s is not an engine setting this check knows (%s)." % (_text(key), ", ".join(sorted(ENGINE_KEYS))))
+        if key not in ENGINE_OPTIONS:
+            res.add(INPUT, "engine.%s is not an engine setting this check knows (%s)." % (_text(key), ", ".join(sorted(ENGINE_OPTIONS))))
             continue
-        if value is None:
-            continue
-        if kind == "int":
-            if not _is_int(value):
-                res.add(INPUT, "engine.%s is %s but must be an integer." % (key, type_name(value)))
-                continue
-            low, high = (1, 65535) if key == "kv_events_port" else (1, 1 << 20)
-            if not low <= value <= high:
-                res.add(INPUT, "engine.%s must be between %d and %d (got %d)." % (key, low, high, value))
-                continue
-        elif kind == "bool" and not isinstance(value, bool):
-            res.add(INPUT, "engine.%s is %s but must be a boolean." % (key, type_name(value)))
-            continue
-        elif kind == "str":
-            if isinstance(value, (int, float)) and not isinstance(value, bool) and key == "hash_seed":
-                value = str(value)
-            if not isinstance(value, str):
-                res.add(INPUT, "engine.%s is %s but must be a string." % (key, type_name(value)))
-                continue
-            if key == "engine_type" and value not in ("vllm", "sglang"):
-                res.add(INPUT, "engine.engine_type is %s but must be vllm or sglang." % show(value))
-                continue
-        clean[key] = value
+        if key in NUMERIC_TEXT and _is_number(value):
+            value = str(value)
+        problem = None if value is None else _engine_problem(key, value)
+        if problem:
+            res.add(INPUT, problem)
+        elif value is not None:
+            clean[key] = value
     return clean
 
 
 def check_epp_config(config, engine=None, mode=None, router_version=None, raw_text=None):
     """Check an EndpointPickerConfig (a dict) against what ``router_version`` (default: the pinned one) does with it.
 
-    ``engine`` keys (all optional): ``block_size`` (int), ``hash_seed`` (str), ``topic`` (the engines' topic,
-    placeholders allowed), ``kv_events_port`` (int), ``engine_type`` (``vllm``|``sglang``), ``kv_events_enabled``
+    ``engine`` keys (all optional, ENGINE_OPTIONS): ``block_size`` (int), ``hash_seed`` (str), ``topic`` (the engines'
+    topic, placeholders allowed), ``kv_events_port`` (int), ``engine_type`` (``vllm``|``sglang``), ``kv_events_enabled``
     (bool), ``enable_scale_out`` (bool: whether vLLM runs with ``--enable-scale-out``, which serves the render
     endpoint the token producer calls). ``mode`` (optional): ``precise`` or ``approximate`` to also check that the
     config implements that mode. ``raw_text`` (optional): the text the EPP would read, when known; an empty text
@@ -674,13 +852,11 @@ def check_epp_config(config, engine=None, mode=None, router_version=None, raw_te
         res.add(INPUT, "mode is %s but must be precise or approximate." % show(mode))
         mode = None
     if isinstance(raw_text, str) and not raw_text:
-        # llm-d/llm-d-router@v0.9.0:pkg/epp/config/loader/configloader.go LoadRawConfig: len(configBytes) == 0.
+        # ROUTER_SOURCE + pkg/epp/config/loader/configloader.go LoadRawConfig: len(configBytes) == 0.
         kind, template, _source = BEHAVIOUR[version]["empty-config"]
         res.add(kind, template.format(version=version))
         config = copy.deepcopy(DEFAULT_CONFIG[version])
     if not _is_mapping(config):
         res.add(REFUSED, "The EndpointPickerConfig is not a mapping (got %s)." % type(config).__name__)
         return res.finish()
-    checker = _Checker(config, engine, mode, version)
-    checker.res = res
-    return checker.run().finish()
+    return _evaluate(_Config(config, engine, mode, version, res)).finish()

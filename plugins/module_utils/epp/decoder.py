@@ -25,14 +25,20 @@ from __future__ import absolute_import, division, print_function
 
 __metaclass__ = type  # pylint: disable=invalid-name
 
+from ..common.wiring import ROUTER_VERSION
+
+# The llm-d-kv-cache release whose decoder the router's go.mod requires at ROUTER_VERSION (a version of another module,
+# the same number by the llm-d release train).
+KV_CACHE_VERSION = "v0.9.0"
+
 
 def _field(name, kind, optional=False):
     return {"name": name, "kind": kind, "optional": optional}
 
 
 DECODERS = {
-    "v0.9.0": {
-        "decoder": "llm-d-kv-cache v0.9.0 vLLM adapter",
+    ROUTER_VERSION: {
+        "decoder": "llm-d-kv-cache %s vLLM adapter" % KV_CACHE_VERSION,
         "batch": [_field("ts", "number"), _field("events", "array"), _field("data_parallel_rank", "int_or_nil", True)],
         "tag_key": "type",
         "events": {
@@ -117,7 +123,7 @@ def _positions(fields, values, where):
     return found
 
 
-def event_problems(event, version="v0.9.0", where="event"):
+def event_problems(event, version=ROUTER_VERSION, where="event"):
     """Phrases of what the decoder would refuse in one event (a list or a dict)."""
     facts = DECODERS[version]
     tag_key, known = facts["tag_key"], facts["events"]
@@ -137,7 +143,7 @@ def event_problems(event, version="v0.9.0", where="event"):
     return ["%s is %s, neither an array nor a map" % (where, _type_name(event))]
 
 
-def problems(batch, version="v0.9.0"):
+def problems(batch, version=ROUTER_VERSION):
     """Phrases of what the decoder would refuse in one batch decoded as plain msgpack; [] when it takes every event."""
     facts = DECODERS[version]
     if not isinstance(batch, list):
@@ -150,7 +156,7 @@ def problems(batch, version="v0.9.0"):
     return found
 
 
-def tags(batch, version="v0.9.0"):
+def tags(batch, version=ROUTER_VERSION):
     """The event types of a decoded batch, in order (None for an event without one)."""
     key = DECODERS[version]["tag_key"]
     return [ev.get(key) if isinstance(ev, dict) else (ev[0] if isinstance(ev, list) and ev else None) for ev in batch[1]]

@@ -26,21 +26,25 @@ Public names (the collection's tests import them, e.g. the render tests):
   ``("kvEventsConfig", "podDiscoveryConfig")``); raises ``KeyError`` for an unknown type or path.
 - ``plugin_types(version=DEFAULT_ROUTER_VERSION, role=None)``: the sorted registered type names, optionally of a role.
 
-Schemas are built with :mod:`._epp_schema` (``obj``, ``list_of``, ...); ``_epp_schema.validate`` checks a value.
+Schemas are built with :mod:`.schema` (``obj``, ``list_of``, ...); ``schema.validate`` checks a value.
 """
 
 from __future__ import absolute_import, division, print_function
 
 __metaclass__ = type  # pylint: disable=invalid-name
 
+from ..common import wiring
+from .decoder import KV_CACHE_VERSION
 from .schema import ANY, BOOL, GO_DURATION, NANOSECONDS, QUANTITY, STR, enum, fields_at, integer, list_of, map_of, number, obj
 
-ROUTER_VERSIONS = ("v0.9.0",)
-DEFAULT_ROUTER_VERSION = "v0.9.0"
+# The router version is the collection's one (common/wiring.py); every table below is keyed by it and was read at it.
+ROUTER_VERSION = wiring.ROUTER_VERSION
+ROUTER_VERSIONS = wiring.ROUTER_VERSIONS
+DEFAULT_ROUTER_VERSION = ROUTER_VERSION
 
-# llm-d-router v0.9.0 go.mod requires github.com/llm-d/llm-d-kv-cache v0.9.0 (no replace, no vendor directory).
-# The kv-cache mirror read here has no v0.9.0 tag; its newest commit on or before the router's v0.9.0 tag
-# (2026-06-23) is main at 7be76e1 (2026-06-12), which is what these kv-cache entries cite.
+# llm-d-router's go.mod at ROUTER_VERSION requires github.com/llm-d/llm-d-kv-cache KV_CACHE_VERSION (no replace, no
+# vendor directory). The kv-cache mirror read here has no tag of that version; its newest commit on or before the
+# router's tag (2026-06-23) is main at 7be76e1 (2026-06-12), which is what these kv-cache entries cite.
 KV_CACHE_REF = "llm-d/llm-d-kv-cache@7be76e119ca50c5700b3bca65a19b6a0218a9b62"
 
 ROLES = frozenset([
@@ -50,7 +54,8 @@ ROLES = frozenset([
     "usage-limit-policy", "admitter", "discovery", "test",
 ])
 
-_R9 = "llm-d/llm-d-router@v0.9.0:"
+_R9 = "llm-d/llm-d-router@%s:" % ROUTER_VERSION
+ROUTER_SOURCE = _R9  # the prefix of every citation of the router's code (``ROUTER_SOURCE + path``)
 _P9 = _R9 + "pkg/epp/framework/plugins/"
 _KV = KV_CACHE_REF + ":"
 _APIMACHINERY = "k8s.io/apimachinery/pkg/apis/meta/v1:LabelSelector"
@@ -150,7 +155,7 @@ def _plugin(source, roles, params=None, deprecated=None, legacy_params=None, req
             "deprecated": deprecated, "requires_params": requires_params}
 
 
-# Registered in cmd/epp/runner/runner.go (registerInTreePlugins) at v0.9.0, 71 types. The two eviction plugins that
+# Registered in cmd/epp/runner/runner.go (registerInTreePlugins) at ROUTER_VERSION, 71 types. The two eviction plugins that
 # register themselves in init() (sheddable-eviction-filter, priority-then-time-eviction-order-policy) are in no
 # package the EPP binary imports, so the EPP does not know them.
 _V090 = {
@@ -337,20 +342,20 @@ _V090 = {
     "vertexai-parser": _plugin(_P9 + "requesthandling/parsers/vertexai/vertexai.go", "parser"),
 }
 
-PLUGINS = {"v0.9.0": _V090}
+PLUGINS = {ROUTER_VERSION: _V090}
 
 REMOVED_OR_LATER = {
-    "v0.9.0": {
+    ROUTER_VERSION: {
         "burst-prefix-cache-producer": "first registered in llm-d-router v0.10.0",
         "endpoint-attribute-scorer": "first registered in llm-d-router v0.10.0",
-        "sheddable-eviction-filter": "in a package the v0.9.0 EPP binary does not import",
-        "priority-then-time-eviction-order-policy": "in a package the v0.9.0 EPP binary does not import",
+        "sheddable-eviction-filter": "in a package the %s EPP binary does not import" % ROUTER_VERSION,
+        "priority-then-time-eviction-order-policy": "in a package the %s EPP binary does not import" % ROUTER_VERSION,
     },
 }
 
 FEATURE_GATES = {
     # cmd/epp/runner/runner.go: loader.RegisterFeatureGate(datalayer.ExperimentalDatalayerFeatureGate / flowcontrol.FeatureGate)
-    "v0.9.0": frozenset(["dataLayer", "flowControl"]),
+    ROUTER_VERSION: frozenset(["dataLayer", "flowControl"]),
 }
 
 _API9 = _R9 + "apix/config/v1alpha1/endpointpickerconfig_types.go"
@@ -359,7 +364,7 @@ _PRIORITY_BAND = obj({"priority": integer(), "maxBytes": QUANTITY, "maxRequests"
                       "orderingPolicyRef": STR}, _API9)
 
 CONFIG_SCHEMA = {
-    "v0.9.0": obj({
+    ROUTER_VERSION: obj({
         "apiVersion": STR,
         "kind": STR,
         "featureGates": list_of(STR),
@@ -386,11 +391,11 @@ CONFIG_SCHEMA = {
 }
 
 # How a version treats the precise producer (each fact read at that tag, see the entries' sources):
-# engineType is decoded but the v0.9.0 producer always builds engineadapter.NewVLLMAdapter() (producer.go), and the EPP
-# recomputes block keys from the token ids of BlockStored with its own tokenProcessorConfig
+# engineType is decoded but the producer at ROUTER_VERSION always builds engineadapter.NewVLLMAdapter() (producer.go),
+# and the EPP recomputes block keys from the token ids of BlockStored with its own tokenProcessorConfig
 # (requestcontrol/dataproducer/preciseprefixcache/README.md, "Engine compatibility").
 SEMANTICS = {
-    "v0.9.0": {
+    ROUTER_VERSION: {
         "engine_type_honoured": False,
         "engine_type_source": _P9 + "requestcontrol/dataproducer/preciseprefixcache/producer.go",
         "block_keys_recomputed": True,
@@ -407,14 +412,14 @@ SEMANTICS = {
 # WARNING (it starts and works, but worth knowing). Findings about the check's own arguments are INPUT.
 REFUSED, BROKEN, WARNING, INPUT = "refused", "broken", "warning", "input"
 KINDS = (REFUSED, BROKEN, WARNING, INPUT)
-_KV9 = "github.com/llm-d/llm-d-kv-cache@v0.9.0:"  # the version llm-d-router v0.9.0's go.mod requires
+_KV9 = "github.com/llm-d/llm-d-kv-cache@%s:" % KV_CACHE_VERSION  # the version the router's go.mod requires
 _PPC9 = _P9 + "requestcontrol/dataproducer/preciseprefixcache/"
 
 # BEHAVIOUR[version][rule] = (kind, sentence, source). The sentence is a str.format template; ``version`` is always
-# given, the other fields by the rule's caller. Each fact was read at ``source`` and measured with the real EPP
-# v0.9.0 (REFERENCE.md part R4).
+# given, the other fields by the rule (epp/config.py RULES) that names the entry. Each fact was read at ``source``
+# and measured with the real EPP of that version (REFERENCE.md part R4).
 BEHAVIOUR = {
-    "v0.9.0": {
+    ROUTER_VERSION: {
         # LoadRawConfig: len(configBytes) == 0 -> loadDefaultConfig() (defaults.go).
         "empty-config": (
             WARNING,
@@ -492,7 +497,7 @@ BEHAVIOUR = {
 
 # loadDefaultConfig (defaults.go): what the EPP runs when its config is empty.
 DEFAULT_CONFIG = {
-    "v0.9.0": {
+    ROUTER_VERSION: {
         "apiVersion": "llm-d.ai/v1alpha1", "kind": "EndpointPickerConfig", "featureGates": [],
         "plugins": [{"type": "queue-scorer"}, {"type": "kv-cache-utilization-scorer"}, {"type": "prefix-cache-scorer"},
                     {"type": "metrics-data-source"}, {"type": "core-metrics-extractor"}],

@@ -160,81 +160,107 @@ def _range(node, value, path, out):
         out.append(Finding("range", path, "must be at most %s (got %s)" % (high, show(value))))
 
 
+def _type_finding(value, node, path, out, expected=None, shown=None):
+    out.append(Finding("type", path, "is %s but must be %s" % (shown or type_name(value), EXPECTED[expected or node["t"]])))
+
+
+def _struct(value, node, path, case_insensitive, out):
+    if not isinstance(value, dict):
+        _type_finding(value, node, path, out)
+        return
+    fields = node["fields"]
+    folded = dict((name.lower(), name) for name in fields)
+    for key in value:
+        sub = join_path(path, key)
+        if not isinstance(key, str):
+            out.append(Finding("type", sub, "has a key that is %s; keys must be strings" % type_name(key)))
+            continue
+        name = key if key in fields else (folded.get(key.lower()) if case_insensitive else None)
+        if name is None:
+            out.append(Finding("unknown", sub, "is not a known field"))
+            continue
+        if name != key:
+            out.append(Finding("case", sub, "is accepted as %s only because Go matches JSON keys case-insensitively" % name))
+        if name in node["deprecated"]:
+            out.append(Finding("deprecated", sub, node["deprecated"][name]))
+        validate(value[key], fields[name], join_path(path, name), case_insensitive, out)
+
+
+def _list(value, node, path, case_insensitive, out):
+    if not isinstance(value, list):
+        _type_finding(value, node, path, out)
+        return
+    for index, item in enumerate(value):
+        validate(item, node["of"], join_path(path, "[%d]" % index), case_insensitive, out)
+
+
+def _map(value, node, path, case_insensitive, out):
+    if not isinstance(value, dict):
+        _type_finding(value, node, path, out)
+        return
+    for key, item in value.items():
+        if not isinstance(key, str):
+            out.append(Finding("type", join_path(path, show(key)), "has a key that is %s; keys must be strings" % type_name(key)))
+            continue
+        validate(item, node["of"], join_path(path, key), case_insensitive, out)
+
+
+def _string(value, node, path, case_insensitive, out):
+    del case_insensitive
+    kind = node["t"]
+    if not isinstance(value, str):
+        _type_finding(value, node, path, out, expected="str")
+    elif kind == "enum" and value not in node["values"]:
+        out.append(Finding("value", path, "is %s but must be one of %s" % (show(value), ", ".join(node["values"]))))
+    elif kind == "duration" and value and not _GO_DURATION.match(value):
+        out.append(Finding("value", path, "is %s but must be %s" % (show(value), EXPECTED["duration"])))
+
+
+def _bool(value, node, path, case_insensitive, out):
+    del case_insensitive
+    if not isinstance(value, bool):
+        _type_finding(value, node, path, out)
+
+
+def _integer(value, node, path, case_insensitive, out):
+    del case_insensitive
+    if not _is_int(value):
+        _type_finding(value, node, path, out, shown=show(value) if _is_number(value) else None)
+    elif node["t"] == "int":
+        _range(node, value, path, out)
+
+
+def _number(value, node, path, case_insensitive, out):
+    del case_insensitive
+    if not _is_number(value):
+        _type_finding(value, node, path, out)
+    else:
+        _range(node, value, path, out)
+
+
+def _quantity(value, node, path, case_insensitive, out):
+    del case_insensitive
+    if not _is_number(value) and (not isinstance(value, str) or not _QUANTITY.match(value)):
+        _type_finding(value, node, path, out, shown=show(value))
+
+
+# How each kind of schema node checks a value (every function appends its findings to ``out``).
+_CHECKS = {
+    "obj": _struct, "list": _list, "map": _map, "str": _string, "enum": _string, "duration": _string, "bool": _bool,
+    "int": _integer, "ns": _integer, "float": _number, "quantity": _quantity,
+}
+
+
 def validate(value, node, path="", case_insensitive=False, out=None):
     """Check ``value`` against ``node``; return the list of :class:`Finding` (empty when it fits)."""
     out = [] if out is None else out
     kind = node["t"]
     if value is None or kind == "any":
         return out  # Go leaves the field at its default on null
-    if kind == "obj":
-        if not isinstance(value, dict):
-            out.append(Finding("type", path, "is %s but must be %s" % (type_name(value), EXPECTED[kind])))
-            return out
-        fields = node["fields"]
-        folded = dict((name.lower(), name) for name in fields)
-        for key in value:
-            sub = join_path(path, key)
-            if not isinstance(key, str):
-                out.append(Finding("type", sub, "has a key that is %s; keys must be strings" % type_name(key)))
-                continue
-            name = key if key in fields else (folded.get(key.lower()) if case_insensitive else None)
-            if name is None:
-                out.append(Finding("unknown", sub, "is not a known field"))
-                continue
-            if name != key:
-                out.append(Finding("case", sub, "is accepted as %s only because Go matches JSON keys case-insensitively" % name))
-            if name in node["deprecated"]:
-                out.append(Finding("deprecated", sub, node["deprecated"][name]))
-            validate(value[key], fields[name], join_path(path, name), case_insensitive, out)
-        return out
-    if kind == "list":
-        if not isinstance(value, list):
-            out.append(Finding("type", path, "is %s but must be %s" % (type_name(value), EXPECTED[kind])))
-            return out
-        for index, item in enumerate(value):
-            validate(item, node["of"], join_path(path, "[%d]" % index), case_insensitive, out)
-        return out
-    if kind == "map":
-        if not isinstance(value, dict):
-            out.append(Finding("type", path, "is %s but must be %s" % (type_name(value), EXPECTED[kind])))
-            return out
-        for key, item in value.items():
-            if not isinstance(key, str):
-                out.append(Finding("type", join_path(path, show(key)), "has a key that is %s; keys must be strings" % type_name(key)))
-                continue
-            validate(item, node["of"], join_path(path, key), case_insensitive, out)
-        return out
-    if kind in ("str", "enum", "duration"):
-        if not isinstance(value, str):
-            out.append(Finding("type", path, "is %s but must be %s" % (type_name(value), EXPECTED["str"])))
-        elif kind == "enum" and value not in node["values"]:
-            out.append(Finding("value", path, "is %s but must be one of %s" % (show(value), ", ".join(node["values"]))))
-        elif kind == "duration" and value and not _GO_DURATION.match(value):
-            out.append(Finding("value", path, "is %s but must be %s" % (show(value), EXPECTED["duration"])))
-        return out
-    if kind == "bool":
-        if not isinstance(value, bool):
-            out.append(Finding("type", path, "is %s but must be %s" % (type_name(value), EXPECTED[kind])))
-        return out
-    if kind in ("int", "ns"):
-        if not _is_int(value):
-            out.append(Finding("type", path, "is %s but must be %s" % (show(value) if _is_number(value) else type_name(value), EXPECTED[kind])))
-        elif kind == "int":
-            _range(node, value, path, out)
-        return out
-    if kind == "float":
-        if not _is_number(value):
-            out.append(Finding("type", path, "is %s but must be %s" % (type_name(value), EXPECTED[kind])))
-        else:
-            _range(node, value, path, out)
-        return out
-    if kind == "quantity":
-        if _is_number(value):
-            return out
-        if not isinstance(value, str) or not _QUANTITY.match(value):
-            out.append(Finding("type", path, "is %s but must be %s" % (show(value), EXPECTED[kind])))
-        return out
-    raise ValueError("unknown schema node %r" % (kind,))  # a bug in the table, not bad input
+    if kind not in _CHECKS:
+        raise ValueError("unknown schema node %r" % (kind,))  # a bug in the table, not bad input
+    _CHECKS[kind](value, node, path, case_insensitive, out)
+    return out
 
 
 def fields_at(node, path=()):

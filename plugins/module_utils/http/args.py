@@ -5,7 +5,7 @@
 
 # PRIVATE to the inference_cache.substrate collection: the names here may change without notice.
 
-"""Argument dict of an HTTP(S) connection to an OpenAI-compatible server (auth, TLS, proxy, body limit).
+"""Option table of an HTTP(S) connection to an OpenAI-compatible server (auth, TLS, proxy, body limit).
 
 One source of truth, documented by the ``inference_cache.substrate._http`` doc fragment
 (``plugins/doc_fragments/_http.py``): keep the two in lock-step. The names follow
@@ -18,9 +18,9 @@ from __future__ import absolute_import, division, print_function
 __metaclass__ = type  # pylint: disable=invalid-name
 
 from ..common.options import range_problems
+from .openai import DEFAULT_MAX_BODY_BYTES
 
-DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024
-
+# The option table (common/options.py) of the HTTP options; ``argument_spec(HTTP_ARG_SPEC)`` is the AnsibleModule spec.
 HTTP_ARG_SPEC = {
     "api_key": {"type": "str", "no_log": True},
     "validate_certs": {"type": "bool", "default": True},
@@ -28,16 +28,20 @@ HTTP_ARG_SPEC = {
     "client_cert": {"type": "path"},
     "client_key": {"type": "path", "no_log": False},
     "use_proxy": {"type": "bool", "default": True},
-    "max_body_bytes": {"type": "int", "default": DEFAULT_MAX_BODY_BYTES},
+    "max_body_bytes": {"type": "int", "default": DEFAULT_MAX_BODY_BYTES, "range": (1024, 1024 * 1024 * 1024)},
 }
 # AnsibleModule(required_by=...): a key file alone is no client certificate.
 HTTP_REQUIRED_BY = {"client_key": ["client_cert"]}
-# Ranges of the numeric options, for _ranges.range_problems.
-HTTP_RANGES = {"max_body_bytes": (1024, 1024 * 1024 * 1024)}
+# The ranges of the table, for callers of range_problems.
+HTTP_RANGES = dict((name, entry["range"]) for name, entry in HTTP_ARG_SPEC.items() if "range" in entry)
+# How http_problem words an option of each type that is wrong ("%(got)s": the value given).
+_WRONG_TYPE = {"bool": "true or false, got %(got)r", "int": "an integer, got %(got)r", "str": "a string", "path": "a file path"}
+# The order http_problem checks the options in (the first problem is the one reported).
+_ORDER = ("validate_certs", "use_proxy", "api_key", "ca_path", "client_cert", "client_key", "max_body_bytes")
 
 
 def client_options(params):
-    """Keyword arguments of ``_openai_http.OpenAIClient`` from module parameters holding the options above."""
+    """Keyword arguments of ``http.openai.OpenAIClient`` from module parameters holding the options above."""
     return {
         "api_key": params.get("api_key"),
         "validate_certs": params.get("validate_certs", True),
@@ -49,27 +53,28 @@ def client_options(params):
     }
 
 
+def _type_problem(name, value):
+    kind = HTTP_ARG_SPEC[name]["type"]
+    ok = isinstance(value, bool) if kind == "bool" else (
+        isinstance(value, int) and not isinstance(value, bool) if kind == "int" else isinstance(value, str))
+    return None if ok else _WRONG_TYPE[kind] % {"got": value}
+
+
 def http_problem(options, where=""):
     """The first thing wrong with the HTTP options in ``options`` as one sentence (None when they are usable).
 
-    For options that AnsibleModule does not validate: a trigger or an engine given as a plain mapping (the CLIs, the
-    module's fallback after an ansible-core validator crash). ``where`` prefixes the option names, e.g. ``trigger``.
+    Read from HTTP_ARG_SPEC (types, required_by, ranges), for options that AnsibleModule does not validate: a trigger
+    or an engine given as a plain mapping (the CLIs, the module's fallback after an ansible-core validator crash).
+    ``where`` prefixes the option names, e.g. ``trigger``.
     """
     prefix = where + "." if where else ""
-    for name in ("validate_certs", "use_proxy"):
+    for name in _ORDER:
         value = options.get(name)
-        if value is not None and not isinstance(value, bool):
-            return "%s%s must be true or false, got %r." % (prefix, name, value)
-    for name, kind in (("api_key", "a string"), ("ca_path", "a file path"), ("client_cert", "a file path"), ("client_key", "a file path")):
-        value = options.get(name)
-        if value is not None and not isinstance(value, str):
-            return "%s%s must be %s." % (prefix, name, kind)
-    if options.get("client_key") and not options.get("client_cert"):
-        return "%sclient_key needs %sclient_cert: a key file alone is no client certificate." % (prefix, prefix)
-    for name in sorted(HTTP_RANGES):
-        value = options.get(name)
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
-            return "%s%s must be an integer, got %r." % (prefix, name, value)
+        problem = None if value is None else _type_problem(name, value)
+        if problem:
+            return "%s%s must be %s." % (prefix, name, problem)
+        if name in HTTP_REQUIRED_BY and options.get(name) and not all(options.get(need) for need in HTTP_REQUIRED_BY[name]):
+            return "%s%s needs %s%s: a key file alone is no client certificate." % (prefix, name, prefix, HTTP_REQUIRED_BY[name][0])
     problems = range_problems(dict((prefix + name, options.get(name)) for name in HTTP_RANGES),
                               dict((prefix + name, bounds) for name, bounds in HTTP_RANGES.items()))
     return problems[0] if problems else None

@@ -8,7 +8,8 @@
 """A small OpenAI-compatible client on ``ansible.module_utils.urls`` (no third-party library).
 
 Enough for the checks: GET a text page (``/metrics``), POST JSON (``/tokenize``) and stream a completion while
-timing the first token. Every failure is an ``OpenAIHTTPError`` whose ``str()`` is one sentence on one line,
+timing the first token. Every failure is an ``OpenAIHTTPError`` (a ``common.errors.CheckError`` that keeps the URL
+and the HTTP status) whose ``str()`` is one sentence on one line,
 whatever the server answers: bodies are read up to ``max_body_bytes``, and JSON answers of the wrong shape
 (a stream chunk that is a list, a choice that is a string, a ``usage`` that is not an object, ``cached_tokens``
 that is not a whole number) are refused with a sentence.
@@ -37,6 +38,8 @@ except ImportError:  # pragma: no cover - Python 2 is not supported by the colle
 
 import ssl
 
+from ..common.errors import CheckError
+
 try:
     from ansible.module_utils.urls import ConnectionError as UrlsConnectionError
     from ansible.module_utils.urls import Request, make_context
@@ -52,7 +55,7 @@ DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024
 USER_AGENT = "inference_cache.substrate"
 
 
-class OpenAIHTTPError(Exception):
+class OpenAIHTTPError(CheckError):
     """A request failed; ``str(exc)`` is one sentence, ``status`` the HTTP status when there was one."""
 
     def __init__(self, message, url=None, status=None):

@@ -38,6 +38,7 @@ except ImportError:  # pragma: no cover - exercised through the module's missing
     HAS_PROMETHEUS_CLIENT = False
     PROMETHEUS_CLIENT_IMPORT_ERROR = traceback.format_exc()
 
+from ..common.errors import CheckError
 from .openai import OpenAIHTTPError, cached_tokens, check_usage, model_ids
 
 # (engine, hits counter, queries counter), first match on the metrics page wins.
@@ -57,8 +58,8 @@ WORDS = (
 ).split()
 
 
-class PrefixCacheError(Exception):
-    """The measurement cannot be made; ``str(exc)`` is one sentence."""
+class PrefixCacheError(CheckError):
+    """The measurement cannot be made; ``str(exc)`` is one sentence (the collection's CheckError, named for the tools)."""
 
 
 def _probe_error(exc):
@@ -166,7 +167,7 @@ class PrefixCacheProbe:
     """Send a cold and a warm request sharing a prefix and measure what the cache did.
 
     ``client`` offers ``get_text(path)``, ``get_json(path)``, ``post_json(path, body)`` and ``stream_completion(body)``
-    (see ``_openai_http.OpenAIClient``).
+    (see ``http.openai.OpenAIClient``).
     """
 
     def __init__(self, client, metrics_url, model=None, prefix=None, prefix_tokens=256, block_size=None,

@@ -30,7 +30,7 @@ __metaclass__ = type  # pylint: disable=invalid-name
 
 import traceback
 
-from . import wire as wire
+from . import wire
 
 HAS_MSGSPEC = wire.HAS_MSGSPEC
 MSGSPEC_IMPORT_ERROR = None

@@ -7,36 +7,37 @@
 
 """The KV-event stream check behind ``inference_cache.substrate.kv_events_check`` (pure Python, no Ansible).
 
-``KVEventsCheck(params).run()`` returns the facts dict or raises ``CheckFailed(msg, facts)``.
-All waiting is bounded by one deadline on a monotonic clock. Every option is checked (types, ranges,
+``KVEventsCheck(params).run()`` returns the facts dict or raises ``CheckError(msg, facts)``. All waiting is bounded
+by one deadline on a monotonic clock. Every option is checked against the option table ``OPTIONS`` (types, ranges,
 endpoint shapes) before any socket opens, so the module and the CLIs answer bad input with one sentence.
 
-Nothing lost: gaps in the sequence numbers are repaired through the replay endpoint, coalesced into one
-request per stream (a replay ROUTER answers a request with everything from the asked sequence number on,
-so one request per gap would make a busy engine resend its buffer hundreds of times): once the oldest
-unrepaired gap is ``quiet`` seconds old, when the stream goes quiet, and before reporting. The tail of a
-burst (batches dropped at the publisher's high-water mark after the last one that arrived) shows no gap,
-so when the stream goes quiet with the expectations unmet, and before reporting, the same request also
-takes everything after the last sequence number seen on each stream.
+The stream itself (sockets, topic filter, decoding, sequence numbers, gap and tail repair through the replay
+endpoint) is ``kv/consumer.py``'s; this check counts what it hands over, sends the trigger and judges. When to
+listen, repair gaps, fetch the tails, send the trigger and stop is the table ``TURN`` (and ``AFTER_LISTEN``): gaps
+are repaired once the oldest unrepaired one is ``quiet`` seconds old, tails fetched when the stream went quiet with
+the expectations unmet, and both once more before reporting.
 """
 
 from __future__ import absolute_import, division, print_function
 
 __metaclass__ = type  # pylint: disable=invalid-name
 
-import math
-import re
 import time
 
+from ..common.errors import CheckError
+from ..common.options import validate
+from ..common.wiring import ROUTER_VERSION
 from ..epp import decoder as router_decoder
-from . import wire as wire
+from . import wire
 from ..http.args import HTTP_ARG_SPEC, client_options, http_problem
-from .args import LIMITS as STREAM_LIMITS
-from .events import EVENT_TYPES, KVDecoder, MalformedMessage
+from .args import KV_STREAM_ARG_SPEC, URL_SHAPE
+from .consumer import MAX_FRAME, TAIL_IDLE, KVConsumer, SocketSetupError, offset_endpoint, rank_sources, unconnected
+from .events import EVENT_TYPES, KVDecoder
 from .report import KVStats, batch_json_lines
 from .stream import SequenceTracker
-from .sockets import SocketSetupError, drain_monitor, offset_endpoint, open_socket, replay, zmq
 from ..http.openai import OpenAIClient, OpenAIHTTPError, cached_tokens, model_ids
+
+CheckFailed = CheckError  # the name tools/cluster_verify.py and the engine tests still catch
 
 DEFAULT_EXPECT = {"BlockStored": 1}
 DEFAULT_PROMPT = " ".join([
@@ -45,45 +46,49 @@ DEFAULT_PROMPT = " ".join([
     "This request exists only to make the engine store a few full blocks and publish the matching KV cache events;",
     "its answer is ignored, and the text is never returned, logged or captured by the check.",
 ])
-# The trigger's connection options are the collection's HTTP options (auth, TLS, proxy, body limit: _http_args),
-# the same names as prefix_cache_check's.
-TRIGGER_SPEC = dict(HTTP_ARG_SPEC, **{
-    "url": {"type": "str", "required": True},
-    "model": {"type": "str"},
-    "prompt": {"type": "str"},
-    "max_tokens": {"type": "int", "default": 1, "no_log": False},
-    "headers": {"type": "dict", "default": {}},
-    "delay": {"type": "float", "default": 0.5},
-})
-# Inclusive numeric ranges (low, high, integer?) of the check's own options; STREAM_LIMITS has the stream's.
-LIMITS = dict(STREAM_LIMITS, **{
-    "settle": (0.0, 3600.0, False),
-    "trigger.max_tokens": (1, 1000000, True),
-    "trigger.delay": (0.0, 3600.0, False),
-})
 MAX_EXPECT = 1000000000
-ENDPOINT_RE = re.compile(r"^(tcp|ipc|inproc)://\S+$")
-URL_RE = re.compile(r"^https?://[^\s/]+", re.IGNORECASE)
-TAIL_IDLE = 2.0  # seconds a replay endpoint may stay silent before a replay request is given up
-CHECK_ARG_SPEC = {
-    "expect": {"type": "dict", "default": DEFAULT_EXPECT},
-    "expect_removed_after_stored": {"type": "bool", "default": False},
-    "settle": {"type": "float", "default": 1.0},
-    "trigger": {"type": "dict", "options": TRIGGER_SPEC},
-    "capture_path": {"type": "path"},
-    "include_token_ids": {"type": "bool", "default": False},
-    "router_version": {"type": "str", "default": "v0.9.0", "choices": list(router_decoder.VERSIONS) + ["none"]},
-    "expect_router_decodes": {"type": "bool", "default": False},
-}
 # Batches held against the router's decoder (the first ones of the check; each costs one more msgpack decode).
 ROUTER_CHECK_BATCHES = 1000
 
 
-class CheckFailed(Exception):
-    def __init__(self, msg, facts=None):
-        super(CheckFailed, self).__init__(msg)
-        self.msg = msg
-        self.facts = facts or {}
+def _expect_problem(expect, name):
+    for event, value in expect.items():
+        if event not in EVENT_TYPES:
+            return "%s names an unknown event type %r; use %s." % (name, event, ", ".join(EVENT_TYPES))
+        number = int(value) if isinstance(value, str) and value.strip().isdigit() else value
+        if isinstance(number, bool) or not isinstance(number, int) or not 0 <= number <= MAX_EXPECT:
+            return "%s.%s must be a non-negative integer (at most %d), got %r." % (name, event, MAX_EXPECT, value)
+    return None
+
+
+def _headers_problem(headers, name):
+    if not all(isinstance(k, str) and isinstance(v, (str, int, float)) and not isinstance(v, bool) for k, v in headers.items()):
+        return "%s must be a mapping of header names to strings." % name
+    return None
+
+
+# The trigger's connection options are the collection's HTTP options (auth, TLS, proxy, body limit: http/args.py),
+# the same names as prefix_cache_check's.
+TRIGGER_SPEC = dict(HTTP_ARG_SPEC, **{
+    "url": {"type": "str", "required": True, "shape": URL_SHAPE},
+    "model": {"type": "str"},
+    "prompt": {"type": "str"},
+    "max_tokens": {"type": "int", "default": 1, "no_log": False, "range": (1, 1000000)},
+    "headers": {"type": "dict", "default": {}, "check": _headers_problem},
+    "delay": {"type": "float", "default": 0.5, "range": (0, 3600)},
+})
+CHECK_ARG_SPEC = {
+    "expect": {"type": "dict", "default": DEFAULT_EXPECT, "check": _expect_problem},
+    "expect_removed_after_stored": {"type": "bool", "default": False},
+    "settle": {"type": "float", "default": 1.0, "range": (0, 3600)},
+    "trigger": {"type": "dict", "options": TRIGGER_SPEC, "check": http_problem},
+    "capture_path": {"type": "path"},
+    "include_token_ids": {"type": "bool", "default": False},
+    "router_version": {"type": "str", "default": ROUTER_VERSION, "choices": list(router_decoder.VERSIONS) + ["none"]},
+    "expect_router_decodes": {"type": "bool", "default": False},
+}
+# The check's one option table: the stream's options (documented by the kv_events doc fragment) and its own.
+OPTIONS = dict(KV_STREAM_ARG_SPEC, **CHECK_ARG_SPEC)
 
 
 def _plural(num, word):
@@ -93,7 +98,7 @@ def _plural(num, word):
 
 
 def send_trigger(trigger, timeout, client_class=OpenAIClient):
-    """Send one completion request; returns the ``trigger`` facts. Raises CheckFailed on error."""
+    """Send one completion request; returns the ``trigger`` facts. Raises CheckError on error."""
     base = trigger["url"].rstrip("/")
     if base.endswith("/v1"):
         base = base[:-3]
@@ -112,7 +117,7 @@ def send_trigger(trigger, timeout, client_class=OpenAIClient):
         resp = client.post_json("/v1/completions", body)
     except OpenAIHTTPError as exc:
         facts["status"] = exc.status
-        raise CheckFailed("The trigger request failed: %s." % exc, {"trigger": facts})
+        raise CheckError("The trigger request failed: %s." % exc, {"trigger": facts})
     facts["status"] = client.last_status
     usage = (resp if isinstance(resp, dict) else {}).get("usage") or {}
     facts["prompt_tokens"] = usage.get("prompt_tokens")
@@ -120,30 +125,73 @@ def send_trigger(trigger, timeout, client_class=OpenAIClient):
     return facts
 
 
-class KVEventsCheck:
-    """Subscribe, optionally trigger a request, count events, repair gaps, judge expectations."""
+class LoopClock:
+    """The loop's timing state (monotonic seconds): the deadline, the quiet periods, what is still to do."""
 
-    def __init__(self, params, check_mode=False, clock=time.monotonic, client_class=OpenAIClient, ctx=None):
+    def __init__(self, params, deadline):
+        self.deadline = deadline
+        self.settle = params["settle"]
+        self.quiet = max(self.settle, 0.5)  # quiet this long with the expectations unmet: fetch the tails
+        self.delay = params["trigger"]["delay"] if params["trigger"] else 0.0
+        self.replay = bool(params["replay_endpoint"])
+        self.trigger_pending = bool(params["trigger"])
+        self.connected_at = None  # when every socket had its peer
+        self.last_msg = None  # when the last message arrived (or the trigger was sent)
+        self.tail_asked = False  # once per quiet period: a new message re-arms it
+
+    def silent(self, now):
+        """Seconds since the last message (forever before the first)."""
+        return float("inf") if self.last_msg is None else now - self.last_msg
+
+    def quiet_since(self, when, now):
+        """Whether ``when`` happened and is at least ``quiet`` seconds ago."""
+        return when is not None and now - when >= self.quiet
+
+
+# The loop's timing, one rule a line: (condition on the check k, its LoopClock t and the time now, action).
+# At the top of every turn the first rule whose condition holds acts, then the turn starts again ("stop" ends the loop).
+TURN = (
+    (lambda k, t, now: now >= t.deadline, "stop"),
+    (lambda k, t, now: not t.trigger_pending and k.met() and t.silent(now) >= t.settle, "stop"),
+    (lambda k, t, now: t.replay and t.quiet_since(k.consumer.gap_since, now), "repair_gaps"),
+    (lambda k, t, now: t.replay and not t.tail_asked and not t.trigger_pending and t.quiet_since(t.last_msg, now), "fetch_tails"),
+    (lambda k, t, now: True, "listen"),
+)
+# After each "listen" (now read again), every rule whose condition holds acts, in this order.
+AFTER_LISTEN = (
+    (lambda k, t, now: t.connected_at is None and all(s.connected for s in k.streams), "note_connected"),
+    (lambda k, t, now: t.trigger_pending and t.connected_at is not None and now - t.connected_at >= t.delay, "send_trigger"),
+)
+
+
+class KVEventsCheck:
+    """Subscribe, optionally trigger a request, count events, repair gaps, judge expectations.
+
+    ``on_batch(batch, payload, live, source)`` is called with every batch counted (the subscriber CLI prints them);
+    ``enough()``, when given, says when enough arrived instead of the expectations.
+    """
+
+    def __init__(self, params, check_mode=False, clock=time.monotonic, client_class=OpenAIClient, ctx=None, on_batch=None,
+                 enough=None, max_frame=MAX_FRAME):
         self.params = params
         self.check_mode = check_mode
         self.clock = clock
         self.client_class = client_class
-        self.ctx = ctx
-        self.decoder = KVDecoder(params.get("engine") or "auto", bool(params.get("include_token_ids")))
+        self.on_batch = on_batch
+        self.enough = enough
         self.stats = KVStats()
         self.seqs = SequenceTracker()
+        decoder = KVDecoder(params.get("engine") or "auto", bool(params.get("include_token_ids")))
+        self.consumer = KVConsumer(decoder, self.add, tracker=self.seqs, clock=clock, ctx=ctx, max_frame=max_frame)
+        self.streams = []  # the sources, one per data-parallel rank, once all are open
         self.trigger = {"sent": False, "url": None, "status": None, "prompt_tokens": None, "cached_tokens": None, "model": None}
         self.capture = []
         self.backlog_batches = 0
-        self.connected = []
         self.start = None
-        expect = params.get("expect")
-        self.expect = dict(DEFAULT_EXPECT) if expect is None else (dict(expect) if isinstance(expect, dict) else expect)
-        self.stream_socket = {}  # stream key -> index of the socket (data-parallel rank) it arrived on
-        version = params.get("router_version") or "v0.9.0"
+        self.expect = dict(DEFAULT_EXPECT)
+        version = params.get("router_version") or ROUTER_VERSION
         self.router = {"router_version": version, "decoder": router_decoder.DECODERS.get(version, {}).get("decoder"),
                        "checked_batches": 0, "refused_batches": 0, "first_problem": None}
-        self.gap_since = None  # when the oldest gap not yet asked for appeared
 
     # -- facts ----------------------------------------------------------------------------
     def facts(self):
@@ -156,110 +204,44 @@ class KVEventsCheck:
             facts["endpoints"] = self.endpoints()
         except (ValueError, TypeError, AttributeError):
             facts["endpoints"] = [self.params.get("endpoint")]
-        facts["peer_connected"] = list(self.connected)
+        facts["peer_connected"] = [s.connected for s in self.streams]
         facts["router_decoder"] = dict(self.router)
         facts["changed"] = False
         return facts
 
     def fail(self, msg):
-        raise CheckFailed(msg, self.facts())
+        raise CheckError(msg, self.facts())
 
     def dp_size(self):
         size = self.params.get("data_parallel_size")
-        return size if isinstance(size, int) and not isinstance(size, bool) and 1 <= size <= LIMITS["data_parallel_size"][1] else 1
+        high = OPTIONS["data_parallel_size"]["range"][1]
+        return size if isinstance(size, int) and not isinstance(size, bool) and 1 <= size <= high else 1
 
     def endpoints(self):
-        return [offset_endpoint(self.params["endpoint"], rank) for rank in range(self.dp_size())]
+        return [offset_endpoint(self.params.get("endpoint"), rank) for rank in range(self.dp_size())]
 
     # -- validation -----------------------------------------------------------------------
-    def _number(self, name, value):
-        """Check an option against LIMITS; returns the number. Fails with one sentence."""
-        low, high, integer = LIMITS[name]
-        kind = "an integer" if integer else "a number"
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            self.fail("%s must be %s between %s and %s, got %r." % (name, kind, low, high, value))
-        if not math.isfinite(value) or (integer and value != int(value)):
-            self.fail("%s must be %s between %s and %s, got %r." % (name, kind, low, high, value))
-        if name == "timeout" and value <= 0:
-            self.fail("timeout must be a positive number of seconds (at most %s), got %r." % (high, value))
-        if not low <= value <= high:
-            self.fail("%s must be between %s and %s, got %r." % (name, low, high, value))
-        return int(value) if integer else float(value)
-
-    def _endpoint(self, name, value):
-        if not isinstance(value, str) or not ENDPOINT_RE.match(value):
-            self.fail("%s must be a ZMQ endpoint such as tcp://HOST:PORT, ipc:///PATH or inproc://NAME, got %r." % (name, value))
-
-    def _choice(self, name, value, choices):
-        if value not in choices:
-            self.fail("%s must be one of %s, got %r." % (name, ", ".join(choices), value))
-
     def validate(self):
-        params = self.params
-        self._endpoint("endpoint", params.get("endpoint"))
-        if params.get("replay_endpoint") is not None:
-            self._endpoint("replay_endpoint", params["replay_endpoint"])
-        self._choice("socket_mode", params.get("socket_mode") or "connect", ("connect", "bind"))
-        self._choice("engine", params.get("engine") or "auto", ("auto", "vllm", "sglang"))
-        if not isinstance(params.get("topic") or "", str):
-            self.fail("topic must be a string, got %r." % (params["topic"],))
-        for name in ("data_parallel_size", "timeout", "settle"):
-            if params.get(name) is not None:
-                self._number(name, params[name])
-        self._choice("router_version", params.get("router_version") or "v0.9.0", router_decoder.VERSIONS + ("none",))
-        if params.get("expect_router_decodes") and params.get("router_version") == "none":
+        """Check every option against ``OPTIONS`` and the rules between options; keep the completed options."""
+        try:
+            params = validate(OPTIONS, self.params)
+        except CheckError as exc:
+            self.fail(exc.msg)
+        self.params = params
+        if params["expect_router_decodes"] and params["router_version"] == "none":
             self.fail("expect_router_decodes needs a router_version to hold the events against, not none.")
-        for name in ("include_token_ids", "expect_removed_after_stored", "expect_router_decodes"):
-            if params.get(name) is not None and not isinstance(params[name], bool):
-                self.fail("%s must be true or false, got %r." % (name, params[name]))
-        if params.get("capture_path") is not None and not isinstance(params["capture_path"], str):
-            self.fail("capture_path must be a path, got %r." % (params["capture_path"],))
-        self._validate_expect()
-        self._validate_trigger(params.get("trigger"))
         try:
             self.endpoints()
-            if params.get("replay_endpoint"):
-                offset_endpoint(params["replay_endpoint"], self.dp_size() - 1)
+            if params["replay_endpoint"]:
+                offset_endpoint(params["replay_endpoint"], params["data_parallel_size"] - 1)
         except ValueError as exc:
             self.fail("%s." % str(exc).capitalize())
-
-    def _validate_expect(self):
-        if not isinstance(self.expect, dict):
-            self.fail("expect must be a mapping of event type to minimum count, such as {BlockStored: 1}, got %r." % (self.expect,))
-        for name, value in list(self.expect.items()):
-            if name not in EVENT_TYPES:
-                self.fail("expect names an unknown event type %r; use %s." % (name, ", ".join(EVENT_TYPES)))
-            number = value
-            if isinstance(value, str) and value.strip().isdigit():
-                number = int(value)
-            if isinstance(number, bool) or not isinstance(number, int) or not 0 <= number <= MAX_EXPECT:
-                self.fail("expect.%s must be a non-negative integer (at most %d), got %r." % (name, MAX_EXPECT, value))
-            self.expect[name] = number
-
-    def _validate_trigger(self, trigger):
-        if trigger is None:
-            return
-        if not isinstance(trigger, dict):
-            self.fail("trigger must be a mapping with at least a url, got %r." % (trigger,))
-        url = trigger.get("url")
-        if not isinstance(url, str) or not URL_RE.match(url):
-            self.fail("trigger.url must be an http:// or https:// URL of the OpenAI-compatible server, got %r." % (url,))
-        for name in ("model", "prompt"):
-            if trigger.get(name) is not None and not isinstance(trigger[name], str):
-                self.fail("trigger.%s must be a string." % name)
-        for name in ("max_tokens", "delay"):
-            if trigger.get(name) is not None:
-                self._number("trigger." + name, trigger[name])
-        problem = http_problem(trigger, "trigger")
-        if problem:
-            self.fail(problem)
-        headers = trigger.get("headers") or {}
-        if not isinstance(headers, dict) or not all(
-                isinstance(k, str) and isinstance(v, (str, int, float)) and not isinstance(v, bool) for k, v in headers.items()):
-            self.fail("trigger.headers must be a mapping of header names to strings.")
+        self.expect = dict((name, int(value)) for name, value in params["expect"].items())  # "3" from a template is 3
 
     # -- main loop ------------------------------------------------------------------------
     def met(self):
+        if self.enough is not None:
+            return self.enough()
         counts = self.stats.counts
         if not self.stats.batches:
             return False
@@ -272,140 +254,81 @@ class KVEventsCheck:
     def run(self):
         self.start = self.clock()
         self.validate()
-        timeout = float(self.params.get("timeout") or 30.0)
+        timeout = self.params["timeout"]
         deadline = self.start + timeout
         # With a replay endpoint, keep a little time at the end to fetch the tail of each stream.
-        reserve = min(TAIL_IDLE, timeout / 10.0) if self.params.get("replay_endpoint") else 0.0
-        own_ctx = self.ctx is None
-        ctx = zmq.Context() if own_ctx else self.ctx
-        socks, mons = [], []
+        reserve = min(TAIL_IDLE, timeout / 10.0) if self.params["replay_endpoint"] else 0.0
         try:
-            bind = self.params.get("socket_mode") == "bind"
-            for endpoint in self.endpoints():
+            params = self.params
+            sources = rank_sources(params["endpoint"], params["socket_mode"] == "bind", params["topic"], params["replay_endpoint"],
+                                   params["data_parallel_size"], tally=self.stats)
+            for source in sources:
                 try:
-                    sock, mon = open_socket(ctx, zmq.SUB, endpoint, bind, monitor=True)
+                    self.consumer.open(source)
                 except SocketSetupError as exc:
-                    self.fail(str(exc))
-                socks.append(sock)
-                mons.append(mon)
-            self.connected = [False] * len(socks)
-            self._loop(ctx, socks, mons, deadline - reserve)
-            self.catch_up(ctx, deadline, tail=True)
+                    self.fail(exc.msg)
+            self.streams = sources
+            self._loop(deadline - reserve)
+            self.consumer.catch_up(deadline, tail=True)
         finally:
-            for sock in socks:
-                try:
-                    sock.disable_monitor()
-                except Exception:  # pylint: disable=broad-except
-                    pass
-                sock.close(0)
-            for mon in mons:
-                mon.close(0)
-            if own_ctx:
-                ctx.term()
+            self.consumer.close()
         self.write_capture()
         self.judge()
         return self.facts()
 
-    def _loop(self, ctx, socks, mons, deadline):
-        poller = zmq.Poller()
-        for sock in socks + mons:
-            poller.register(sock, zmq.POLLIN)
-        index = dict((id(s), i) for i, s in enumerate(socks))
-        mon_index = dict((id(m), i) for i, m in enumerate(mons))
-        trigger = self.params.get("trigger")
-        trigger_pending = bool(trigger)
-        delay = float((trigger or {}).get("delay") or 0.0)
-        all_connected_at = None
-        last_msg = None
-        settle = max(float(self.params.get("settle") or 0.0), 0.0)
-        quiet = max(settle, 0.5)  # quiet this long with the expectations unmet: fetch the tails
-        tail_asked = False
-        replay = bool(self.params.get("replay_endpoint"))
+    def _loop(self, deadline):
+        clock = LoopClock(self.params, deadline)
         while True:
             now = self.clock()
-            if now >= deadline:
+            action = next(act for when, act in TURN if when(self, clock, now))
+            if action == "stop":
                 return
-            if not trigger_pending and self.met() and (last_msg is None or now - last_msg >= settle):
-                return
-            if replay and self.gap_since is not None and now - self.gap_since >= quiet:
-                self.catch_up(ctx, deadline, tail=False)  # the gaps, not the tail: the stream is still busy
-                continue
-            if replay and not tail_asked and not trigger_pending and last_msg is not None and now - last_msg >= quiet:
-                tail_asked = True  # once per quiet period: a new message re-arms it
-                self.catch_up(ctx, deadline, tail=True)
-                continue
-            events = dict(poller.poll(max(int(min(deadline - now, 0.1) * 1000), 1)))
-            for sock in mons:
-                if sock in events and drain_monitor(sock):
-                    self.connected[mon_index[id(sock)]] = True
-            for sock in socks:
-                if sock in events:
-                    if self._drain(ctx, sock, index[id(sock)], deadline):
-                        last_msg = self.clock()
-                        tail_asked = False
-            now = self.clock()
-            if all_connected_at is None and all(self.connected):
-                all_connected_at = now
-            if trigger_pending and all_connected_at is not None and now - all_connected_at >= delay:
-                trigger_pending = False
-                if self.params.get("socket_mode") == "bind":
-                    # An engine that connects queues its events while nobody is bound and delivers that backlog
-                    # as soon as we bind; count only what arrives once the trigger is on its way.
-                    self.backlog_batches = self.stats.begin_window()
-                try:
-                    self.trigger = send_trigger(trigger, max(deadline - now, 0.1), self.client_class)
-                except CheckFailed as exc:
-                    self.trigger = exc.facts["trigger"]
-                    self.fail(exc.msg)
-                last_msg = self.clock()
+            getattr(self, "_" + action)(clock, now)
+            if action == "listen":
+                now = self.clock()
+                for when, act in AFTER_LISTEN:
+                    if when(self, clock, now):
+                        getattr(self, "_" + act)(clock, now)
 
-    def _drain(self, ctx, sock, sock_rank, deadline):  # pylint: disable=unused-argument
-        got = False
-        topic_prefix = self.params.get("topic") or ""
-        for _i in range(1000):
-            try:
-                frames = sock.recv_multipart(zmq.NOBLOCK, copy=True)
-            except zmq.Again:
-                break
-            got = True
-            self.connected[sock_rank] = True
-            if frames and not frames[0].decode("utf-8", "replace").startswith(topic_prefix):
-                self.stats.add_other_topic(frames[0].decode("utf-8", "replace"))
-                continue
-            try:
-                batch = self.decoder.decode_frames(frames)
-            except MalformedMessage as exc:
-                self.stats.add_malformed(str(exc))
-                continue
-            if not self.stats.accepts_topic(batch.topic):
-                self.stats.add_malformed("a message arrived under more than %d distinct topics" % self.stats.max_topics)
-                continue
-            rank = sock_rank if batch.rank is None else batch.rank
-            state, gap = self.seqs.observe(batch.topic, rank, batch.seq)
-            if state == "duplicate":
-                continue
-            if state == "overflow":
-                self.stats.add_malformed("a message arrived on more than %d distinct streams" % self.seqs.max_streams)
-                continue
-            self.stream_socket.setdefault(self.seqs.key(batch.topic, rank), sock_rank)
-            self.add(batch, frames[-1])
-            if gap is not None and self.gap_since is None:
-                self.gap_since = self.clock()
-        return got
+    # The actions of the timing rules.
+    def _repair_gaps(self, clock, now):  # pylint: disable=unused-argument
+        self.consumer.catch_up(clock.deadline, tail=False)  # the gaps, not the tail: the stream is still busy
 
-    def add(self, batch, payload=None):
+    def _fetch_tails(self, clock, now):  # pylint: disable=unused-argument
+        clock.tail_asked = True
+        self.consumer.catch_up(clock.deadline, tail=True)
+
+    def _listen(self, clock, now):
+        ready = self.consumer.poll(min(clock.deadline - now, 0.1))
+        for source in self.streams:
+            if source in ready and self.consumer.drain(source):
+                clock.last_msg = self.clock()
+                clock.tail_asked = False
+
+    def _note_connected(self, clock, now):
+        clock.connected_at = now
+
+    def _send_trigger(self, clock, now):
+        clock.trigger_pending = False
+        if self.params["socket_mode"] == "bind":
+            # An engine that connects queues its events while nobody is bound and delivers that backlog
+            # as soon as we bind; count only what arrives once the trigger is on its way.
+            self.backlog_batches = self.stats.begin_window()
+        try:
+            self.trigger = send_trigger(self.params["trigger"], max(clock.deadline - now, 0.1), self.client_class)
+        except CheckError as exc:
+            self.trigger = exc.facts["trigger"]
+            self.fail(exc.msg)
+        clock.last_msg = self.clock()
+
+    # -- what the consumer hands over ---------------------------------------------------------
+    def add(self, batch, payload=None, live=True, source=None):
         self.stats.add_batch(batch)
         self.hold_against_router(batch, payload)
         if self.params.get("capture_path"):
             self.capture.extend(batch_json_lines(batch, bool(self.params.get("include_token_ids"))))
-
-    def _decode_replayed(self, payload, topic, seq):
-        try:
-            batch = self.decoder.decode_payload(payload, topic, seq)
-        except MalformedMessage as exc:
-            self.stats.add_malformed("replayed batch %d: %s" % (seq, exc))
-            return
-        self.add(batch, payload)
+        if self.on_batch is not None:
+            self.on_batch(batch, payload, live, source)
 
     def hold_against_router(self, batch, payload):
         """Would the router's KV-event decoder (router_version) take this batch? Counted, first problem kept."""
@@ -422,86 +345,19 @@ class KVEventsCheck:
             if router["first_problem"] is None:
                 router["first_problem"] = "batch %d on topic %r: %s" % (batch.seq, batch.topic, found[0])
 
-    def catch_up(self, ctx, deadline, tail=True):
-        """Repair every open gap, and with ``tail`` fetch what follows the last batch seen, one request per stream.
-
-        A replay endpoint answers with everything it holds from the asked sequence number on, so one request from the
-        oldest missing batch covers all the gaps of a stream and its tail. Whatever the endpoint dropped on the way
-        (its own high-water mark) is asked for again, from the oldest batch still missing, while that makes progress.
-        """
-        self.gap_since = None
-        if not self.params.get("replay_endpoint"):
-            return
-        deadline = max(deadline, self.clock() + 0.1)
-        for key in list(self.seqs.streams):
-            gaps = [g for g in self.seqs.gaps if g["stream"] == key and not g["repaired"] and not g.get("tail")]
-            wanted = set()
-            for gap in gaps:
-                wanted.update(range(gap["start"], gap["end"] + 1))
-            if not wanted and not tail:
-                continue
-            tail_seen = set()
-            error = None
-            for _round in range(3):
-                before = len(wanted)
-                start = min(wanted) if wanted else self.seqs.tail_start(key)
-                error = self._replay_stream(ctx, key, start, wanted, tail_seen if tail else None, deadline)
-                if error or not wanted or len(wanted) == before or self.clock() >= deadline:
-                    break
-            for gap in gaps:
-                gap["still_missing"] = sum(1 for seq in range(gap["start"], gap["end"] + 1) if seq in wanted)
-                gap["repaired"] = not gap["still_missing"]
-                if error and not gap["repaired"]:
-                    gap["error"] = error
-            if tail:
-                self.seqs.record_tail(key, tail_seen)
-
-    def _replay_stream(self, ctx, key, start, wanted, tail_seen, deadline):
-        """One replay request for stream ``key`` from ``start``: take the ``wanted`` batches, and the tail if asked.
-
-        Returns a one-sentence reason when the replay endpoint cannot be asked, else None.
-        """
-        stream = self.seqs.streams[key]
-        endpoint = offset_endpoint(self.params["replay_endpoint"], self.stream_socket.get(key, 0))
-        last = stream["last"]
-        try:
-            for topic, seq, payload in replay(ctx, endpoint, start, deadline, idle=TAIL_IDLE, clock=self.clock):
-                if topic is not None and topic != stream["topic"]:
-                    continue
-                if seq in wanted:
-                    wanted.discard(seq)
-                elif tail_seen is not None and seq > last and seq not in tail_seen:
-                    tail_seen.add(seq)
-                else:
-                    continue
-                self._decode_replayed(payload, stream["topic"], seq)
-                if tail_seen is None and not wanted:
-                    break  # every gap filled and the tail not asked for
-        except SocketSetupError as exc:
-            return str(exc)
-        except MalformedMessage as exc:
-            self.stats.add_malformed("replay for stream %s: %s" % (key, exc))
-        return None
-
     # -- verdict --------------------------------------------------------------------------
     def judge(self):
         stats = self.stats
-        timeout = float(self.params.get("timeout") or 30.0)
+        timeout = self.params["timeout"]
         where = ", ".join(self.endpoints())
-        bind = self.params.get("socket_mode") == "bind"
+        bind = self.params["socket_mode"] == "bind"
         if not stats.batches and not stats.malformed:
             if stats.other_topics:
                 others = ", ".join(repr(t) for t in sorted(stats.other_topics))
                 self.fail("No KV events under topic prefix %r arrived on %s within %ss, but messages arrived under topic %s; set topic "
                           "to match the engine's kv-events topic." % (self.params.get("topic") or "", where, timeout, others))
-            if not any(self.connected):
-                if bind:
-                    self.fail("No KV events received on %s within %ss: no publisher connected; the engine must connect to this address "
-                              "(vLLM connects when its endpoint has no '*'), or, if the engine binds (tcp://*:PORT), set "
-                              "socket_mode=connect." % (where, timeout))
-                self.fail("No KV events received from %s within %ss: the connection never completed, so nothing is bound there; the engine "
-                          "must bind (vLLM binds only endpoints with '*', e.g. tcp://*:5557), or, if it connects, set socket_mode=bind."
-                          % (where, timeout))
+            if not any(s.connected for s in self.streams):
+                self.fail("No KV events received %s %s within %ss: %s." % ("on" if bind else "from", where, timeout, unconnected(bind)))
             self.fail("No KV events received on %s within %ss although a publisher connected; check that the engine runs with "
                       "enable_kv_cache_events and publisher zmq and that a request reached it (see the trigger option)." % (where, timeout))
         if stats.malformed:

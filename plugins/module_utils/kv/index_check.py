@@ -12,67 +12,79 @@ generated workload of prompt families, and before every request records what the
 has cached; then compares with the ``usage.prompt_tokens_details.cached_tokens`` the engine reports. Beside it
 runs the same index with llm-d's uncounted eviction and the router's approximate predictor.
 
-``KVIndexCheck(params).run()`` returns the facts or raises ``CheckFailed(msg, facts)``. Token ids stay in this
-process: they are used for keys and lookups and then dropped; facts carry counts only.
+``KVIndexCheck(params).run()`` returns the facts or raises ``CheckError(msg, facts)``; its options are checked
+against the option table ``OPTIONS`` first. The event streams are ``kv/consumer.py``'s (one source per engine);
+this check keeps its own order on top: a sequence number that goes back is a restart and clears what the index
+knew of that engine, a gap is repaired through the engine's replay endpoint before the next batch is applied, and
+at the start every engine's buffered history is replayed from seq 0. Token ids stay in this process: they are
+used for keys and lookups and then dropped; facts carry counts only.
 """
 
 from __future__ import absolute_import, division, print_function
 
 __metaclass__ = type  # pylint: disable=invalid-name
 
+import contextlib
 import re
 import time
 
+from ..common.errors import CheckError
+from ..common.options import validate
+from ..common.wiring import topic_pod
 from ..http.args import HTTP_ARG_SPEC, client_options, http_problem
-from .events import KVDecoder, MalformedMessage
+from .args import ENDPOINT_SHAPE, URL_SHAPE
+from .consumer import MAX_FRAME, STOP, SKIP, TAKE, KVConsumer, SocketSetupError, Source, unconnected
+from .events import KVDecoder
 from .index import KVBlockIndex, predicted_cached_tokens
 from .index_approx import ApproxPrefixPredictor, block_hashes, effective_block_size
-from .workload import WORKLOAD_SPEC, build as build_workload
-from .sockets import SocketSetupError, drain_monitor, open_socket, replay, zmq
+from .workload import WORKLOAD_OPTION, build as build_workload
 from ..http.openai import OpenAIClient, OpenAIHTTPError, cached_tokens, model_ids
 
-# Each engine's HTTP connection takes the collection's HTTP options (auth, TLS, proxy, body limit: _http_args).
+CheckFailed = CheckError  # the name tools/cluster_verify.py still catches
+
+
+def _engines_problem(engines, name):
+    """At least one engine, and the HTTP options of each usable (http_problem's sentences, before the types)."""
+    if not engines:
+        return "%s must list at least one engine (url, endpoint, topic)." % name
+    for pos, engine in enumerate(engines):
+        problem = http_problem(engine, "%s[%d]" % (name, pos)) if isinstance(engine, dict) else None
+        if problem:
+            return problem
+    return None
+
+
+# Each engine's HTTP connection takes the collection's HTTP options (auth, TLS, proxy, body limit: http/args.py).
 ENGINE_SPEC = dict(HTTP_ARG_SPEC, **{
     "name": {"type": "str"},
-    "url": {"type": "str", "required": True},
-    "endpoint": {"type": "str", "required": True},
+    "url": {"type": "str", "required": True, "shape": URL_SHAPE},
+    "endpoint": {"type": "str", "required": True, "shape": ENDPOINT_SHAPE},
     "socket_mode": {"type": "str", "default": "connect", "choices": ["connect", "bind"]},
     "topic": {"type": "str"},
-    "replay_endpoint": {"type": "str"},
-    "withhold_after": {"type": "int"},
+    "replay_endpoint": {"type": "str", "shape": ENDPOINT_SHAPE},
+    "withhold_after": {"type": "int", "range": (0, None)},
 })
 EXPECT_SPEC = {
     "min_requests": {"type": "int", "default": 50},
     "min_evictions_per_engine": {"type": "int", "default": 0},
 }
-ARG_SPEC = {
-    "engines": {"type": "list", "elements": "dict", "required": True, "options": ENGINE_SPEC},
+# The check's one option table (argument spec and validation).
+OPTIONS = {
+    "engines": {"type": "list", "elements": "dict", "required": True, "options": ENGINE_SPEC, "check": _engines_problem},
     "model": {"type": "str"},
-    "workload": {"type": "dict", "default": {}, "options": WORKLOAD_SPEC},
+    "workload": WORKLOAD_OPTION,
     "expect": {"type": "dict", "default": {}, "options": EXPECT_SPEC},
-    "max_tokens": {"type": "int", "default": 1, "no_log": False},
+    "max_tokens": {"type": "int", "default": 1, "no_log": False, "range": (1, None)},
     "settle": {"type": "float", "default": 0.3},
     "event_wait": {"type": "float", "default": 5.0},
-    "timeout": {"type": "float", "default": 600.0},
-    "request_timeout": {"type": "float", "default": 60.0},
+    "timeout": {"type": "float", "default": 600.0, "range": (0, None, "open-low")},
+    "request_timeout": {"type": "float", "default": 60.0, "range": (0, None, "open-low")},
 }
+DRAIN_LIMIT = 10000  # messages read from one engine at a time
 CACHE_CONFIG_RE = re.compile(r'^vllm:cache_config_info\{([^}]*)\}', re.M)
 LABEL_RE = re.compile(r'(\w+)="([^"]*)"')
 MAX_MISMATCHES = 10
 PAD = " a"
-
-
-class CheckFailed(Exception):
-    def __init__(self, msg, facts=None):
-        super(CheckFailed, self).__init__(msg)
-        self.msg = msg
-        self.facts = facts or {}
-
-
-def topic_pod(topic):
-    """The pod id of a ``kv@<pod>@<model>`` topic (the whole topic when it has another shape)."""
-    parts = (topic or "").split("@")
-    return parts[1] if len(parts) == 3 else topic
 
 
 def cache_config(metrics_text):
@@ -94,31 +106,32 @@ def cache_config(metrics_text):
 
 
 class Engine:
-    """One engine: its HTTP client, its event socket and its sequence bookkeeping."""
+    """One engine: its HTTP client, its event stream (a consumer ``Source``) and its sequence bookkeeping."""
 
     def __init__(self, spec, client):
         self.spec = spec
         self.name = spec["name"]
-        self.topic = spec["topic"]
         self.client = client
-        self.sock = None
-        self.mon = None
-        self.connected = False
-        self.withheld = False
+        self.source = Source(spec["endpoint"], spec.get("socket_mode") == "bind", spec["topic"], spec.get("replay_endpoint"),
+                             name=self.name)
         self.last_applied = -1
         self.last_live = -1
         self.batches = 0
-        self.other_topics = {}
-        self.malformed = 0
-        self.malformed_reason = None
         self.gaps = 0
         self.gaps_unrepaired = 0
         self.restarts = 0
         self.requests = 0
         self.block_size = None
         self.num_gpu_blocks = None
-        self.activity = 0
         self.event_waits_timed_out = 0
+
+    @property
+    def topic(self):
+        return self.source.topic
+
+    @property
+    def tally(self):
+        return self.source.tally
 
     def facts(self, index, uncounted):
         blocks = index.engines.get(self.name)
@@ -138,11 +151,11 @@ class Engine:
             "restarts": self.restarts,
             "gaps": self.gaps,
             "gaps_unrepaired": self.gaps_unrepaired,
-            "other_topics": dict(self.other_topics),
-            "malformed": self.malformed,
+            "other_topics": dict(self.tally.other_topics),
+            "malformed": self.tally.malformed,
             "block_size": self.block_size,
             "num_gpu_blocks": self.num_gpu_blocks,
-            "subscription_stopped": self.withheld,
+            "subscription_stopped": self.source.stopped,
             "event_waits_timed_out": self.event_waits_timed_out,
         }
 
@@ -150,12 +163,13 @@ class Engine:
 class KVIndexCheck:
     """Run the workload against the engines and compare predictions with the engines' reports."""
 
-    def __init__(self, params, clock=time.monotonic, client_class=OpenAIClient, ctx=None):
+    options = OPTIONS  # the check's option table (a subclass brings its own)
+
+    def __init__(self, params, clock=time.monotonic, client_class=OpenAIClient, ctx=None, max_frame=MAX_FRAME):
         self.params = params
         self.clock = clock
         self.client_class = client_class
-        self.ctx = ctx
-        self.decoder = KVDecoder("vllm", include_token_ids=True)
+        self.consumer = KVConsumer(KVDecoder("vllm", include_token_ids=True), self.on_batch, clock=clock, ctx=ctx, max_frame=max_frame)
         self.index = None
         self.uncounted = None
         self.approx = None
@@ -228,42 +242,28 @@ class KVIndexCheck:
         ]
 
     def fail(self, msg):
-        raise CheckFailed(msg, self.facts())
+        raise CheckError(msg, self.facts())
 
     # -- validation -----------------------------------------------------------------------
     def validate(self):
-        engines = self.params.get("engines") or []
-        if not engines:
-            self.fail("engines must list at least one engine (url, endpoint, topic).")
-        seen = set()
-        specs = []
-        for pos, raw in enumerate(engines):
-            spec = dict(raw)
-            for field in ("url", "endpoint"):
-                if not spec.get(field):
-                    self.fail("engines[%d] has no %s." % (pos, field))
-            if not re.match(r"^https?://", spec["url"]):
-                self.fail("engines[%d].url %r is not an http(s) URL." % (pos, spec["url"]))
-            spec["topic"] = spec.get("topic") or ""
-            spec["name"] = spec.get("name") or topic_pod(spec["topic"]) or spec["url"].split("//", 1)[1].rstrip("/")
-            if spec["name"] in seen:
-                self.fail("Two engines are named %r; give each a distinct name (or topic)." % spec["name"])
-            seen.add(spec["name"])
-            if spec.get("withhold_after") is not None and spec["withhold_after"] < 0:
-                self.fail("engines[%d].withhold_after must not be negative." % pos)
-            problem = http_problem(spec, "engines[%d]" % pos)
-            if problem:
-                self.fail(problem)
-            specs.append(spec)
-        for name in ("timeout", "request_timeout"):
-            if float(self.params.get(name) or 0) <= 0:
-                self.fail("%s must be a positive number of seconds." % name)
-        if int(self.params.get("max_tokens") or 1) < 1:
-            self.fail("max_tokens must be at least 1.")
+        """Check the options against ``OPTIONS`` and give each engine its name; returns the engines' specs."""
+        specs = self.named_engines()
+        self.steps = build_workload([s["name"] for s in specs], self.params["workload"])
+        return specs
+
+    def named_engines(self):
+        """Check the options against the check's table (``options``) and name each engine; returns the engines' specs."""
         try:
-            self.steps = build_workload([s["name"] for s in specs], self.params.get("workload"))
-        except ValueError as exc:
-            self.fail("%s%s." % (str(exc)[:1].upper(), str(exc)[1:]))
+            self.params = validate(self.options, self.params)
+        except CheckError as exc:
+            self.fail(exc.msg)
+        specs = []
+        for raw in self.params["engines"]:
+            spec = dict(raw, topic=raw["topic"] or "")
+            spec["name"] = spec["name"] or topic_pod(spec["topic"]) or spec["url"].split("//", 1)[1].rstrip("/")
+            if spec["name"] in [s["name"] for s in specs]:
+                self.fail("Two engines are named %r; give each a distinct name (or topic)." % spec["name"])
+            specs.append(spec)
         return specs
 
     # -- HTTP -----------------------------------------------------------------------------
@@ -271,7 +271,7 @@ class KVIndexCheck:
         base = spec["url"].rstrip("/")
         if base.endswith("/v1"):
             base = base[:-3]
-        return self.client_class(base, timeout=float(self.params.get("request_timeout") or 60.0), **client_options(spec))
+        return self.client_class(base, timeout=self.params["request_timeout"], **client_options(spec))
 
     def discover(self):
         """Model, block size and KV-cache size of every engine (from /v1/models and /metrics)."""
@@ -309,7 +309,7 @@ class KVIndexCheck:
         return tokens
 
     def complete(self, engine, prompt):
-        body = {"model": self.model, "prompt": prompt, "max_tokens": int(self.params.get("max_tokens") or 1), "temperature": 0}
+        body = {"model": self.model, "prompt": prompt, "max_tokens": self.params["max_tokens"], "temperature": 0}
         try:
             answer = engine.client.post_json("/v1/completions", body)
         except OpenAIHTTPError as exc:
@@ -318,61 +318,42 @@ class KVIndexCheck:
         return usage.get("prompt_tokens"), cached_tokens(usage)
 
     # -- events ---------------------------------------------------------------------------
-    def open_streams(self, ctx):
+    def open_streams(self):
         for engine in self.engines:
-            bind = engine.spec.get("socket_mode") == "bind"
             try:
-                engine.sock, engine.mon = open_socket(ctx, zmq.SUB, engine.spec["endpoint"], bind, monitor=True)
+                self.consumer.open(engine.source)
             except SocketSetupError as exc:
-                self.fail("Engine %s: %s" % (engine.name, exc))
+                self.fail("Engine %s: %s" % (engine.name, exc.msg))
 
-    def wait_connected(self, ctx):
-        deadline = min(self.deadline, self.clock() + max(2 * float(self.params.get("event_wait") or 5.0), 2.0))
-        while self.clock() < deadline and not all(e.connected for e in self.engines):
-            for engine in self.engines:
-                if not engine.connected and engine.mon.poll(50, zmq.POLLIN) and drain_monitor(engine.mon):
-                    engine.connected = True
-            self.drain(ctx)
-        missing = [e for e in self.engines if not e.connected]
+    def wait_connected(self):
+        deadline = min(self.deadline, self.clock() + max(2 * (self.params["event_wait"] or 5.0), 2.0))
+        while self.clock() < deadline and not all(e.source.connected for e in self.engines):
+            self.consumer.poll(0.05)
+            self.drain()
+        missing = [e for e in self.engines if not e.source.connected]
         if missing:
             engine = missing[0]
-            if engine.spec.get("socket_mode") == "bind":
-                self.fail("No publisher connected to %s for engine %s; the engine must connect to this address (vLLM connects when "
-                          "its endpoint has no '*'), or, if it binds (tcp://*:PORT), set socket_mode=connect." % (
-                              engine.spec["endpoint"], engine.name))
-            self.fail("The connection to %s for engine %s never completed; the engine must bind it (vLLM binds endpoints with '*'), "
-                      "or, if it connects, set socket_mode=bind." % (engine.spec["endpoint"], engine.name))
+            self.fail("Engine %s (%s): %s." % (engine.name, engine.source.endpoint, unconnected(engine.source.bind)))
 
-    def catch_up(self, ctx):
+    def catch_up(self):
         """Replay every engine's buffered history from seq 0, so the index starts with what the engine holds."""
         for engine in self.engines:
-            if engine.spec.get("replay_endpoint"):
-                self.replay_into(ctx, engine, 0, None)
+            if engine.source.replay_endpoint:
+                self.replay_into(engine, 0, None)
 
-    def replay_into(self, ctx, engine, start, end):
-        try:
-            for topic, seq, payload in replay(ctx, engine.spec["replay_endpoint"], start, self.deadline, clock=self.clock):
-                if end is not None and seq > end:
-                    break
-                if topic is not None and not topic.startswith(engine.topic):
-                    engine.other_topics[topic] = engine.other_topics.get(topic, 0) + 1
-                    continue
-                if seq <= engine.last_applied:
-                    continue
-                try:
-                    batch = self.decoder.decode_payload(payload, engine.topic, seq)
-                except MalformedMessage as exc:
-                    self.malformed(engine, "replayed batch %d: %s" % (seq, exc))
-                    continue
-                self.apply(engine, batch)
-        except (SocketSetupError, MalformedMessage) as exc:
-            self.malformed(engine, "replay: %s" % exc)
+    def replay_into(self, engine, start, end):
+        """Apply what the engine's replay endpoint holds from ``start`` to ``end`` (None: all), skipping what was applied."""
+        def choose(topic, seq):  # pylint: disable=unused-argument
+            if end is not None and seq > end:
+                return STOP
+            return SKIP if seq <= engine.last_applied else TAKE
+        error = self.consumer.replay(engine.source, start, self.deadline, choose)
+        if error:
+            self.malformed(engine, "replay: %s" % error)
 
     @staticmethod
     def malformed(engine, reason):
-        engine.malformed += 1
-        if engine.malformed_reason is None:
-            engine.malformed_reason = reason
+        engine.tally.add_malformed(reason)
 
     def apply(self, engine, batch):
         if batch.seq > engine.last_applied + 1 and engine.last_applied >= 0:
@@ -386,16 +367,11 @@ class KVIndexCheck:
             except ValueError as exc:   # an event the index cannot key (no token ids, no block size)
                 self.malformed(engine, "batch %d: %s" % (batch.seq, exc))
 
-    def receive(self, ctx, engine, frames):
-        engine.activity += 1
-        topic = frames[0].decode("utf-8", "replace") if frames else ""
-        if not topic.startswith(engine.topic):
-            engine.other_topics[topic] = engine.other_topics.get(topic, 0) + 1
-            return
-        try:
-            batch = self.decoder.decode_frames(frames)
-        except MalformedMessage as exc:
-            self.malformed(engine, str(exc))
+    def on_batch(self, batch, payload, live, source):  # pylint: disable=unused-argument
+        """A batch from the consumer: a replayed one is applied; a live one in order, after a restart or a gap repair."""
+        engine = self.by_name[source.name]
+        if not live:
+            self.apply(engine, batch)
             return
         seq = batch.seq
         if engine.last_live >= 0 and seq < engine.last_live:
@@ -407,88 +383,72 @@ class KVIndexCheck:
         if seq <= engine.last_applied:
             return   # already applied (backlog after a replay)
         if seq > engine.last_applied + 1:
-            if engine.spec.get("replay_endpoint"):
-                self.replay_into(ctx, engine, engine.last_applied + 1, seq - 1)
+            if source.replay_endpoint:
+                self.replay_into(engine, engine.last_applied + 1, seq - 1)
             if seq > engine.last_applied + 1:
                 engine.gaps_unrepaired += 1
         self.apply(engine, batch)
 
-    def drain(self, ctx):
-        got = False
-        for engine in self.engines:
-            if engine.sock is None:
-                continue
-            for _i in range(10000):
-                try:
-                    frames = engine.sock.recv_multipart(zmq.NOBLOCK)
-                except zmq.Again:
-                    break
-                got = True
-                self.receive(ctx, engine, frames)
-        return got
+    def drain(self):
+        return self.consumer.drain_all(DRAIN_LIMIT)
 
-    def settle(self, ctx, wait_for=None, since=0):
+    def settle(self, wait_for=None, since=0):
         """Apply events until every stream was quiet for ``settle`` seconds (and ``wait_for`` sent something)."""
-        quiet = max(float(self.params.get("settle") or 0.0), 0.0)
-        event_wait = self.clock() + max(float(self.params.get("event_wait") or 0.0), 0.0)
+        quiet = max(self.params["settle"], 0.0)
+        event_wait = self.clock() + max(self.params["event_wait"], 0.0)
         last = self.clock()
-        poller = zmq.Poller()
-        for engine in self.engines:
-            if engine.sock is not None:
-                poller.register(engine.sock, zmq.POLLIN)
         while True:
             now = self.clock()
             if now >= self.deadline:
                 self.fail("The check ran out of its %ss timeout after %d requests; raise timeout or shrink the workload." % (
                     self.params.get("timeout"), self.results["requests"]))
-            waiting = wait_for is not None and wait_for.activity <= since and not wait_for.withheld
+            waiting = wait_for is not None and wait_for.source.activity <= since and not wait_for.source.stopped
             if waiting and now >= event_wait:
                 wait_for.event_waits_timed_out += 1
                 waiting = False
                 wait_for = None
             if not waiting and now - last >= quiet:
                 return
-            poller.poll(max(int(min(quiet, 0.05) * 1000), 1))
-            if self.drain(ctx):
+            self.consumer.poll(min(quiet, 0.05))
+            if self.drain():
                 last = self.clock()
 
     def withhold(self, engine):
         """Stop reading an engine's events (fault injection: a router that stopped hearing it)."""
-        engine.withheld = True
-        for sock in (engine.sock, engine.mon):
-            if sock is not None:
-                sock.close(0)
-        engine.sock = engine.mon = None
+        self.consumer.stop(engine.source)
 
     # -- the workload ---------------------------------------------------------------------
-    def run(self):
+    def prepare(self):
+        """Validate the options, build the engines and learn their model, block size and KV-cache size."""
         self.start = self.clock()
         specs = self.validate()
-        self.deadline = self.start + float(self.params.get("timeout") or 600.0)
+        self.deadline = self.start + self.params["timeout"]
         self.engines = [Engine(spec, self._client(spec)) for spec in specs]
         self.by_name = dict((e.name, e) for e in self.engines)
         self.discover()
-        own_ctx = self.ctx is None
-        ctx = zmq.Context() if own_ctx else self.ctx
+
+    @contextlib.contextmanager
+    def listening(self):
+        """The engines' event streams: open, connected, settled and caught up from the replay buffers; closed after."""
         try:
-            self.open_streams(ctx)
-            self.wait_connected(ctx)
-            self.settle(ctx)
-            self.catch_up(ctx)
-            for step in self.steps:
-                self.run_step(ctx, step)
-            self.settle(ctx)
+            self.open_streams()
+            self.wait_connected()
+            self.settle()
+            self.catch_up()
+            yield
         finally:
-            for engine in self.engines:
-                for sock in (engine.sock, engine.mon):
-                    if sock is not None:
-                        sock.close(0)
-            if own_ctx:
-                ctx.term()
+            self.consumer.close()
+
+    def run(self):
+        self.prepare()
+        with self.listening():
+            for step in self.steps:
+                self.run_step(step)
+            self.settle()
         self.judge()
         return self.facts()
 
-    def run_step(self, ctx, step):
+    def run_step(self, step):
         self.kinds[step.kind] = self.kinds.get(step.kind, 0) + 1
         base = self.bases.get(step.family)
         if base is None:
@@ -501,14 +461,14 @@ class KVIndexCheck:
         for name in step.targets:
             engine = self.by_name[name]
             limit = engine.spec.get("withhold_after")
-            if limit is not None and not engine.withheld and self.results["requests"] >= limit:
+            if limit is not None and not engine.source.stopped and self.results["requests"] >= limit:
                 self.withhold(engine)
-            self.settle(ctx)
+            self.settle()
             # Just before the request: what each engine is predicted to hold of this prompt.
             predicted = self.predict(prompt, tokens, approx_hashes)
             if before is None:
                 before = predicted   # the moment a router would pick the engine
-            since = engine.activity
+            since = engine.source.activity
             prompt_tokens, reported = self.complete(engine, prompt)
             engine.requests += 1
             self.results["requests"] += 1
@@ -525,7 +485,7 @@ class KVIndexCheck:
             self.approx.routed(name, approx_hashes)
             # The blocks this request computed are published after it: wait for them before the next prediction.
             expect_store = (len(tokens[name]) // self.block_size) * self.block_size > reported
-            self.settle(ctx, wait_for=engine if expect_store else None, since=since)
+            self.settle(wait_for=engine if expect_store else None, since=since)
         if len(step.targets) == len(self.engines) > 1:
             self.score_routing(truth, before)
         self.steps_done += 1
@@ -599,17 +559,18 @@ class KVIndexCheck:
 
     def explain(self, engine):
         """A clause on why an engine's events may be missing (empty when nothing is known)."""
-        if engine.withheld:
+        tally = engine.tally
+        if engine.source.stopped:
             return "; the subscription to its events was stopped after %d requests" % engine.spec.get("withhold_after")
-        if engine.other_topics and not engine.batches:
+        if tally.other_topics and not engine.batches:
             return "; no KV events arrived under its topic prefix %r, but messages arrived under %s" % (
-                engine.topic, ", ".join(repr(t) for t in sorted(engine.other_topics)))
+                engine.topic, ", ".join(repr(t) for t in sorted(tally.other_topics)))
         if not engine.batches:
             return "; no KV event arrived from it"
         if engine.gaps_unrepaired:
             return "; a gap in its event stream could not be repaired (%d in all)" % engine.gaps_unrepaired
-        if engine.malformed:
-            return "; %d of its messages were malformed (%s)" % (engine.malformed, engine.malformed_reason)
+        if tally.malformed:
+            return "; %d of its messages were malformed (%s)" % (tally.malformed, tally.malformed_reason)
         return ""
 
     def score_routing(self, truth, before):
@@ -627,13 +588,12 @@ class KVIndexCheck:
 
     # -- verdict --------------------------------------------------------------------------
     def judge(self):
-        expect = dict((k, v["default"]) for k, v in EXPECT_SPEC.items())
-        expect.update(dict((k, v) for k, v in (self.params.get("expect") or {}).items() if v is not None))
+        expect = self.params["expect"]
         requests = self.results["requests"]
-        if requests < int(expect["min_requests"]):
+        if requests < expect["min_requests"]:
             self.fail("The workload sent %d requests, fewer than expect.min_requests %d; raise workload.families or "
-                      "workload.rounds." % (requests, int(expect["min_requests"])))
-        want = int(expect["min_evictions_per_engine"])
+                      "workload.rounds." % (requests, expect["min_requests"]))
+        want = expect["min_evictions_per_engine"]
         for engine in self.engines:
             blocks = self.index.engines.get(engine.name)
             removed = blocks.removed_blocks if blocks else 0

@@ -7,7 +7,8 @@
 
 """Reporting for KV-event streams: counts over decoded batches and JSON lines (pure Python, no Ansible).
 
-``KVStats`` aggregates what the check module returns; ``batch_json_lines`` is what ``capture_path`` and the
+``Tally`` counts what a subscriber could not use (other topics, malformed messages); ``KVStats`` adds the counts
+over decoded batches that the check module returns; ``batch_json_lines`` is what ``capture_path`` and the
 subscriber CLI write. Neither ever contains token ids unless the caller opted in to decoding them.
 """
 
@@ -23,31 +24,17 @@ MAX_TOPICS = 256
 OTHER_TOPICS_OVERFLOW = "(more topics)"
 
 
-class KVStats:
-    """Aggregate counts over decoded batches (what the check module returns)."""
+class Tally:
+    """What a subscriber could not use: messages under other topics (bounded) and malformed ones (the first reason kept).
 
-    def __init__(self, sample_size=3, max_tracked_hashes=1000000, max_topics=MAX_TOPICS):
-        self.counts = dict((t, 0) for t in EVENT_TYPES)
-        self.batches = 0
-        self.stored_blocks = 0
-        self.stored_tokens = 0
-        self.removed_blocks = 0
-        self.block_sizes = set()
-        self.batch_formats = set()
-        self.event_formats = set()
-        self.hash_formats = set()
-        self.engines = set()
+    ``topics`` counts the batches accepted per topic (``KVStats`` fills it); ``accepts_topic`` bounds their number.
+    """
+
+    def __init__(self, max_topics=MAX_TOPICS):
         self.topics = {}
         self.other_topics = {}
-        self.ranks = set()
-        self.sample = []
-        self.sample_size = sample_size
         self.malformed = 0
         self.malformed_reason = None
-        self.unknown_event_types = {}
-        self.stored_hashes = set()
-        self.max_tracked_hashes = max_tracked_hashes
-        self.removed_after_stored = 0
         self.max_topics = max_topics
 
     def add_malformed(self, reason):
@@ -64,6 +51,30 @@ class KVStats:
     def accepts_topic(self, topic):
         """False for a new topic beyond ``max_topics`` distinct accepted ones (the caller reports it as malformed)."""
         return topic in self.topics or len(self.topics) < self.max_topics
+
+
+class KVStats(Tally):
+    """Aggregate counts over decoded batches (what the check module returns)."""
+
+    def __init__(self, sample_size=3, max_tracked_hashes=1000000, max_topics=MAX_TOPICS):
+        super(KVStats, self).__init__(max_topics)
+        self.counts = dict((t, 0) for t in EVENT_TYPES)
+        self.batches = 0
+        self.stored_blocks = 0
+        self.stored_tokens = 0
+        self.removed_blocks = 0
+        self.block_sizes = set()
+        self.batch_formats = set()
+        self.event_formats = set()
+        self.hash_formats = set()
+        self.engines = set()
+        self.ranks = set()
+        self.sample = []
+        self.sample_size = sample_size
+        self.unknown_event_types = {}
+        self.stored_hashes = set()
+        self.max_tracked_hashes = max_tracked_hashes
+        self.removed_after_stored = 0
 
     def add_batch(self, batch):
         self.batches += 1

@@ -5,19 +5,19 @@
 
 # PRIVATE to the inference_cache.substrate collection: the names here may change without notice.
 
-"""ZMQ side of the KV-event check (pure Python, no Ansible): endpoints, sockets and the replay client.
+"""The ZMQ transport of the KV-event streams (pure Python, no Ansible): the one file that opens their sockets.
 
-``open_socket`` creates a monitored SUB (or any other) socket with bounded queues and frame size;
-``replay(ctx, endpoint, start_seq, deadline)`` asks a vLLM / SGLang replay ROUTER for the batches from
-``start_seq`` on and yields ``(topic, seq, payload)``. The synthetic publisher used by the tests and
-``tools/kv_events_publish.py`` lives in ``tools/_kv_synthetic.py``, outside the module payload.
+``open_socket`` creates a monitored SUB (or any other) socket with bounded queues and frame size, then binds or
+connects it; ``replay(ctx, endpoint, start_seq, deadline)`` asks a vLLM / SGLang replay ROUTER for the batches
+from ``start_seq`` on and yields ``(topic, seq, payload)``. Both raise ``zmq.ZMQError`` as it comes: the consumer
+(``kv/consumer.py``, the only user within module_utils) turns it into one sentence. The synthetic publisher used
+by the tests and ``tools/kv_events_publish.py`` lives in ``tools/_kv_synthetic.py``, outside the module payload.
 """
 
 from __future__ import absolute_import, division, print_function
 
 __metaclass__ = type  # pylint: disable=invalid-name
 
-import errno
 import time
 import traceback
 
@@ -40,10 +40,6 @@ PEER_EVENTS = ("EVENT_CONNECTED", "EVENT_ACCEPTED", "EVENT_HANDSHAKE_SUCCEEDED")
 MAX_FRAME = MAX_PAYLOAD + 65536
 
 
-class SocketSetupError(Exception):
-    """Cannot bind/connect: one-sentence reason."""
-
-
 def offset_endpoint(endpoint, rank):
     """vLLM ``offset_endpoint_port``: tcp port + rank (a port of 0 is left for the OS), ipc/inproc suffix ``_dp<rank>``."""
     if not rank:
@@ -58,18 +54,6 @@ def offset_endpoint(endpoint, rank):
     return "%s:%d" % (head, int(port) + rank)
 
 
-def describe_zmq_error(exc, endpoint, bind):
-    """One sentence for a bind/connect failure, naming which side should bind."""
-    if bind and exc.errno == errno.EADDRINUSE:
-        return ("Cannot bind %s: the address is already in use; if the engine binds this endpoint (vLLM binds endpoints with '*', "
-                "e.g. tcp://*:5557) set socket_mode=connect, otherwise stop whatever else holds the port." % endpoint)
-    if bind and exc.errno == errno.EADDRNOTAVAIL:
-        return ("Cannot bind %s: the address does not belong to this host; bind a local address (or tcp://*:PORT), "
-                "or, if the engine binds it, set socket_mode=connect." % endpoint)
-    verb = "bind" if bind else "connect to"
-    return "Cannot %s %s: %s." % (verb, endpoint, exc.strerror or exc)
-
-
 def peer_event_mask():
     mask = 0
     for name in PEER_EVENTS:
@@ -80,15 +64,10 @@ def peer_event_mask():
 def open_socket(ctx, kind, endpoint, bind, monitor=False, hwm=100000, max_frame=MAX_FRAME):
     """Create, optionally monitor, then bind or connect a socket. Returns (socket, monitor or None).
 
-    Inbound frames larger than ``max_frame`` bytes make libzmq drop that connection (``ZMQ_MAXMSGSIZE``).
+    Inbound frames larger than ``max_frame`` bytes make libzmq drop that connection (``ZMQ_MAXMSGSIZE``). Raises
+    ``zmq.ZMQError`` (nothing left open) when the socket cannot be created, bound or connected.
     """
-    if not bind and "*" in endpoint:
-        raise SocketSetupError("Cannot connect to %s: an endpoint with '*' can only be bound; with socket_mode=connect give the "
-                               "engine's address (e.g. tcp://127.0.0.1:5557), or set socket_mode=bind." % endpoint)
-    try:
-        sock = ctx.socket(kind)
-    except zmq.ZMQError as exc:  # e.g. EMFILE: too many sockets or open files
-        raise SocketSetupError("Cannot open a ZMQ socket for %s: %s." % (endpoint, exc.strerror or exc))
+    sock = ctx.socket(kind)  # EMFILE here: too many sockets or open files
     sock.setsockopt(zmq.LINGER, 0)
     if max_frame and kind in (zmq.SUB, zmq.DEALER):
         sock.setsockopt(zmq.MAXMSGSIZE, max_frame)
@@ -107,12 +86,12 @@ def open_socket(ctx, kind, endpoint, bind, monitor=False, hwm=100000, max_frame=
             sock.bind(endpoint)
         else:
             sock.connect(endpoint)
-    except zmq.ZMQError as exc:
+    except zmq.ZMQError:
         if mon is not None:
             sock.disable_monitor()
             mon.close(0)
         sock.close(0)
-        raise SocketSetupError(describe_zmq_error(exc, endpoint, bind))
+        raise
     return sock, mon
 
 
@@ -132,7 +111,8 @@ def replay(ctx, endpoint, start_seq, deadline, idle=2.0, clock=time.monotonic):
     """Ask a ROUTER replay endpoint for batches from ``start_seq``.
 
     Yields ``(topic or None, seq, payload)``; stops at the end marker, after ``idle`` quiet seconds or at
-    ``deadline``. Raises ``SocketSetupError`` if the DEALER cannot connect (bad endpoint).
+    ``deadline``. Raises ``zmq.ZMQError`` if the DEALER cannot connect (bad endpoint) and ``MalformedMessage`` for
+    a reply that is no replay answer.
     """
     sock, _mon = open_socket(ctx, zmq.DEALER, endpoint, bind=False)
     try:

@@ -23,22 +23,24 @@ __metaclass__ = type  # pylint: disable=invalid-name
 
 import random
 
+from ..common.options import validate as validate_options
+
 SYLLABLES = ("ka", "lo", "mi", "ne", "ru", "sa", "ti", "vo", "be", "do", "fu", "gi", "ha", "ju", "ze", "po",
              "qua", "rex", "sol", "tan", "vel", "wix", "yor", "zul", "mar", "nor", "pel", "tor")
 
+# The workload's option table (``common/options.py``); ``kv_index_check`` nests it under ``workload``.
 WORKLOAD_SPEC = {
-    "families": {"type": "int", "default": 8},
-    "rounds": {"type": "int", "default": 6},
-    "preamble_words": {"type": "int", "default": 10},
-    "prefix_words": {"type": "int", "default": 70},
-    "suffix_words": {"type": "int", "default": 12},
-    "fan_out_every": {"type": "int", "default": 4},
-    "move_every": {"type": "int", "default": 7},
-    "repeat_every": {"type": "int", "default": 5},
-    "prefix_every": {"type": "int", "default": 3},
+    "families": {"type": "int", "default": 8, "range": (1, None)},
+    "rounds": {"type": "int", "default": 6, "range": (1, None)},
+    "preamble_words": {"type": "int", "default": 10, "range": (0, None)},
+    "prefix_words": {"type": "int", "default": 70, "range": (1, None)},
+    "suffix_words": {"type": "int", "default": 12, "range": (0, None)},
+    "fan_out_every": {"type": "int", "default": 4, "range": (0, None)},
+    "move_every": {"type": "int", "default": 7, "range": (0, None)},
+    "repeat_every": {"type": "int", "default": 5, "range": (0, None)},
+    "prefix_every": {"type": "int", "default": 3, "range": (0, None)},
     "seed": {"type": "int", "default": 0},
 }
-DEFAULTS = dict((name, spec["default"]) for name, spec in WORKLOAD_SPEC.items())
 
 
 def _words(rng, count):
@@ -63,27 +65,21 @@ class Step:
         self.targets = targets
 
 
-def validate(params):
-    """Complete ``params`` with the defaults; raise ValueError with one sentence on a bad value."""
-    values = dict(DEFAULTS)
-    values.update(dict((k, v) for k, v in (params or {}).items() if v is not None))
-    unknown = sorted(set(values) - set(DEFAULTS))
+def unknown_keys(params, name="workload"):
+    """The sentence naming keys of ``params`` that are no workload option (None when there are none)."""
+    unknown = sorted(set(params) - set(WORKLOAD_SPEC))
     if unknown:
-        raise ValueError("workload has unknown keys %s; known: %s" % (", ".join(unknown), ", ".join(sorted(DEFAULTS))))
-    for name in DEFAULTS:
-        value = values[name]
-        if not isinstance(value, int) or isinstance(value, bool):
-            try:
-                values[name] = int(value)
-            except (TypeError, ValueError):
-                raise ValueError("workload.%s must be an integer, got %r" % (name, value))
-    for name in ("families", "rounds", "prefix_words"):
-        if values[name] < 1:
-            raise ValueError("workload.%s must be at least 1, got %d" % (name, values[name]))
-    for name in ("preamble_words", "suffix_words", "fan_out_every", "move_every", "repeat_every", "prefix_every"):
-        if values[name] < 0:
-            raise ValueError("workload.%s must not be negative, got %d" % (name, values[name]))
-    return values
+        return "%s has unknown keys %s; known: %s." % (name, ", ".join(unknown), ", ".join(sorted(WORKLOAD_SPEC)))
+    return None
+
+
+# The ``workload`` entry of an option table: a mapping of the options above, unknown keys refused.
+WORKLOAD_OPTION = {"type": "dict", "default": {}, "options": WORKLOAD_SPEC, "check": unknown_keys}
+
+
+def validate(params):
+    """``params`` completed with the defaults; raises ``CheckError`` with one sentence on a bad or unknown key."""
+    return validate_options({"workload": WORKLOAD_OPTION}, {"workload": params})["workload"]
 
 
 def build(engines, params=None):

@@ -17,6 +17,8 @@ import socket
 
 import pytest
 
+from ansible_collections.inference_cache.substrate.tests.unit.plugins.net_utils import free_port
+
 TOOL = os.path.join(os.path.dirname(__file__), "..", "..", "..", "..", "tools", "cluster_verify.py")
 
 
@@ -88,7 +90,7 @@ def test_missing_pods_fail(cli, monkeypatch, capsys):
 def test_unknown_check_is_a_usage_error(cli, monkeypatch, capsys):
     monkeypatch.setattr(cli, "resolve_pods", lambda *a: [])
     assert cli.main(["--service", "x", "--checks", "bogus"]) == 2
-    assert "--checks takes kv_events, kv_index, prefix_cache, routed_prefix" in capsys.readouterr().err
+    assert "--checks takes epp_route, kv_events, kv_index, prefix_cache, routed_prefix" in capsys.readouterr().err
 
 
 # -- routed_prefix: requests through the router, hits on the pod that served them, the EPP's index counters --------
@@ -239,3 +241,44 @@ def test_routed_prefix_fails_when_the_pods_expose_no_hit_counter(cli, monkeypatc
     code, report = run_routed(cli, monkeypatch, capsys, Bare())
     assert code == 1
     assert report["msg"] == "Through the router, routed_prefix: No engine pod exposes a prefix-cache hit counter on /metrics."
+
+
+# -- epp_route: the prefix warmed through the router, then the EPP asked over ext_proc where it goes ---------------
+
+def _epp_route_args(cli, engines, epp, router_url):
+    ips = ["127.0.0.1"]
+    args = cli.parse_args(["--service", "x", "--checks", "epp_route", "--http-port", str(engines[0].port), "--model", "tiny",
+                           "--topic-template", engines[0].topic.decode().replace("127.0.0.1", "$(POD_IP)"),
+                           "--kv-port", engines[0].endpoint.rsplit(":", 1)[1], "--router-url", router_url,
+                           "--epp-address", epp.address, "--settle", "0.1", "--prefix-words", "60", "--timeout", "20"])
+    return ips, args
+
+
+def test_epp_route_passes_when_the_epp_picks_the_pod_holding_the_prefix(cli):
+    from ansible_collections.inference_cache.substrate.tests.unit.plugins.fake_epp import FakeEPP  # pylint: disable=import-outside-toplevel
+    from ansible_collections.inference_cache.substrate.tests.unit.plugins.kv_index_fake import FakeEngine  # pylint: disable=import-outside-toplevel
+    port, kv = free_port(), free_port()
+    with FakeEngine(port, "tcp://127.0.0.1:%d" % kv, "kv@127.0.0.1:%d@tiny" % port) as engine:
+        with FakeEPP(pick="127.0.0.1:%d" % port) as epp:
+            ips, args = _epp_route_args(cli, [engine], epp, engine.url)
+            result = cli.check_epp_route(ips, args)
+    assert result["ok"], result
+    assert [p["holds_longest"] for p in result["picks"]] == [True, True]
+    assert result["picks"][0]["longest_tokens"] > 0   # the warmed prefix is held: the pick was judged against it
+
+
+def test_epp_route_fails_when_the_epp_picks_an_endpoint_it_does_not_know(cli):
+    from ansible_collections.inference_cache.substrate.tests.unit.plugins.fake_epp import FakeEPP  # pylint: disable=import-outside-toplevel
+    from ansible_collections.inference_cache.substrate.tests.unit.plugins.kv_index_fake import FakeEngine  # pylint: disable=import-outside-toplevel
+    port, kv = free_port(), free_port()
+    with FakeEngine(port, "tcp://127.0.0.1:%d" % kv, "kv@127.0.0.1:%d@tiny" % port) as engine:
+        with FakeEPP(pick="10.1.2.3:8000") as epp:
+            ips, args = _epp_route_args(cli, [engine], epp, engine.url)
+            result = cli.check_epp_route(ips, args)
+    assert not result["ok"]
+    assert "The EPP picked 10.1.2.3:8000 for request warm prefix, which is none of the engines given" in result["msg"]
+
+
+def test_epp_route_needs_its_addresses(cli):
+    args = cli.parse_args(["--service", "x", "--checks", "epp_route"])
+    assert cli.check_epp_route(["10.0.0.1"], args)["msg"] == "epp_route needs --epp-address (the EPP's ext_proc service, host:port)."

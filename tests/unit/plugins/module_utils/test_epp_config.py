@@ -675,3 +675,146 @@ def test_every_behaviour_rule_is_a_known_kind_with_a_pinned_source():
         assert kind in KINDS, rule
         assert sentence.endswith("."), rule
         assert source.startswith(("llm-d/llm-d-router@v0.9.0:", "github.com/llm-d/llm-d-kv-cache@v0.9.0:")), rule
+
+
+# --- the rule table: every rule fires on a config made for it, with the kind the table gives ---------------------------
+def _append(key, value):
+    return lambda c: c[key].append(value)
+
+
+def _entry(config, profile=0):
+    return config["schedulingProfiles"][profile]["plugins"]
+
+
+def _pd_handler(c):
+    c["plugins"].append({"type": "pd-profile-handler", "parameters": {"deciderPluginName": "queue-scorer"}})
+
+
+def _later_decider(c):
+    c["plugins"].insert(0, {"type": "pd-profile-handler"})
+    c["plugins"].append({"type": "prefix-based-pd-decider"})
+
+
+# rule name -> (base config, mutation, engine, mode)
+RULE_CASES = {
+    "top-level-unknown-field": (PRECISE, lambda c: c.update(bogus=1), ENGINE, None),
+    "top-level-deprecated-field": (PRECISE, lambda c: c.update(parser={"pluginRef": "openai-parser"}), ENGINE, None),
+    "top-level-field": (PRECISE, lambda c: c.update(featureGates="dataLayer"), ENGINE, None),
+    "deprecated-api-version": (PRECISE, lambda c: c.update(apiVersion="inference.networking.x-k8s.io/v1alpha1"), ENGINE, None),
+    "api-version": (PRECISE, lambda c: c.update(apiVersion="v2"), ENGINE, None),
+    "kind": (PRECISE, lambda c: c.update(kind="Config"), ENGINE, None),
+    "unknown-feature-gate": (PRECISE, lambda c: c.update(featureGates=["prefixCache"]), ENGINE, None),
+    "no-plugins": (PRECISE, lambda c: c.update(plugins=[]), ENGINE, None),
+    "plugin-without-type": (PRECISE, _append("plugins", {"name": "x"}), ENGINE, None),
+    "duplicate-plugin-name": (PRECISE, _append("plugins", {"type": "queue-scorer"}), ENGINE, None),
+    "unregistered-plugin-type": (PRECISE, _append("plugins", {"type": "burst-prefix-cache-producer"}), ENGINE, None),
+    "deprecated-plugin-type": (PRECISE, lambda c: plugin(c, "token-producer").update(type="tokenizer"), ENGINE, None),
+    "ignored-parameters": (PRECISE, lambda c: plugin(c, "queue-scorer").update(parameters={"a": 1}), ENGINE, None),
+    "missing-parameters": (PRECISE, _append("plugins", {"type": "k8s-notification-source"}), ENGINE, None),
+    "parameters-not-a-mapping": (PRECISE, lambda c: plugin(c, "prefix-cache-scorer").update(parameters=[1]), ENGINE, None),
+    "flat-parameters": (DISAGG, lambda c: plugin(c, "disagg-profile-handler").update(parameters={"decodeProfile": "decode"}), None, None),
+    "unknown-parameter": (PRECISE, lambda c: producer_params(c).update(bogus=1), ENGINE, None),
+    "deprecated-parameter": (PRECISE, lambda c: producer_params(c)["tokenProcessorConfig"].update(blockSize=32), ENGINE, None),
+    "parameter-case": (PRECISE, lambda c: producer_params(c).update(speculativeindexing=False), ENGINE, None),
+    "socket-port-range": (PRECISE, lambda c: producer_params(c)["kvEventsConfig"]["podDiscoveryConfig"].update(socketPort=0), None, None),
+    "speculative-ttl-invalid": (PRECISE, lambda c: producer_params(c).update(speculativeTTL="x", speculativeIndexing=True), ENGINE, None),
+    "speculative-ttl-unused": (PRECISE, lambda c: producer_params(c).update(speculativeTTL="x"), ENGINE, None),
+    "parameter": (PRECISE, lambda c: producer_params(c).update(speculativeIndexing="yes"), ENGINE, None),
+    "no-scheduling-profiles": (PRECISE, lambda c: c.update(schedulingProfiles=[]), ENGINE, None),
+    "profile-not-a-mapping": (PRECISE, _append("schedulingProfiles", "x"), ENGINE, None),
+    "profile-without-name": (PRECISE, _append("schedulingProfiles", {"plugins": []}), ENGINE, None),
+    "duplicate-profile": (PRECISE, _append("schedulingProfiles", {"name": "default", "plugins": []}), ENGINE, None),
+    "profile-entry-without-ref": (PRECISE, lambda c: _entry(c).append({"weight": 1}), ENGINE, None),
+    "undeclared-profile-plugin": (PRECISE, lambda c: _entry(c).append({"pluginRef": "nope"}), ENGINE, None),
+    "weight-not-a-number": (PRECISE, lambda c: _entry(c)[1].update(weight="2"), ENGINE, None),
+    "negative-weight": (PRECISE, lambda c: _entry(c)[1].update(weight=-1), ENGINE, None),
+    "several-pickers": (PRECISE, lambda c: [c["plugins"].append({"type": "random-picker"}),
+                                            _entry(c).append({"pluginRef": "random-picker"})], ENGINE, None),
+    "several-profile-handlers": (PRECISE, _append("plugins", {"type": "disagg-profile-handler"}), ENGINE, None),
+    "no-profile-handler": (DISAGG, lambda c: c["plugins"].remove(plugin(c, "disagg-profile-handler")), None, None),
+    "single-handler-several-profiles": (DISAGG, lambda c: plugin(c, "disagg-profile-handler").update(
+        type="single-profile-handler", parameters=None), None, None),
+    "source-without-ref": (PRECISE, lambda c: c["dataLayer"]["sources"].append({}), ENGINE, None),
+    "undeclared-source": (PRECISE, lambda c: c["dataLayer"]["sources"].append({"pluginRef": "nope"}), ENGINE, None),
+    "not-a-data-source": (PRECISE, lambda c: c["dataLayer"]["sources"].append({"pluginRef": "queue-scorer"}), ENGINE, None),
+    "extractor-without-ref": (PRECISE, lambda c: c["dataLayer"]["sources"][0]["extractors"].append({}), ENGINE, None),
+    "undeclared-extractor": (PRECISE, lambda c: c["dataLayer"]["sources"][0]["extractors"].append({"pluginRef": "nope"}), ENGINE, None),
+    "undeclared-discovery": (PRECISE, lambda c: c["dataLayer"].update(discovery={"pluginRef": "nope"}), ENGINE, None),
+    "not-a-discovery-plugin": (PRECISE, lambda c: c["dataLayer"].update(discovery={"pluginRef": "queue-scorer"}), ENGINE, None),
+    "not-a-parser": (PRECISE, lambda c: c.update(requestHandler={"parsers": [{"pluginRef": "queue-scorer"}]}), ENGINE, None),
+    "unknown-parser": (PRECISE, lambda c: c.update(requestHandler={"parsers": [{"pluginRef": "nope-parser"}]}), ENGINE, None),
+    "undeclared-saturation-detector": (PRECISE, lambda c: c.update(flowControl={"saturationDetector": {"pluginRef": "nope"}}), ENGINE, None),
+    "not-a-saturation-detector": (PRECISE, lambda c: c.update(flowControl={"saturationDetector": {"pluginRef": "queue-scorer"}}),
+                                  ENGINE, None),
+    "undeclared-flow-control-policy": (PRECISE, lambda c: c.update(featureGates=["flowControl"],
+                                                                   flowControl={"usageLimitPolicyPluginRef": "nope"}), ENGINE, None),
+    "undeclared-producer": (PRECISE, lambda c: plugin(c, "prefix-cache-scorer")["parameters"].update(prefixMatchInfoProducerName="nope"),
+                            ENGINE, None),
+    "producer-of-another-kind": (PRECISE, lambda c: plugin(c, "prefix-cache-scorer")["parameters"].update(
+        prefixMatchInfoProducerName="queue-scorer"), ENGINE, None),
+    "undeclared-decider": (DISAGG, lambda c: plugin(c, "disagg-profile-handler")["parameters"]["deciders"].update(prefill="nope"), None, None),
+    "not-a-decider": (PRECISE, _pd_handler, ENGINE, None),
+    "decider-declared-later": (PRECISE, _later_decider, ENGINE, None),
+    "default-token-producer": (PRECISE, lambda c: c["plugins"].remove(plugin(c, "token-producer")), ENGINE, None),
+    "unread-producer": (PRECISE, lambda c: plugin(c, "prefix-cache-scorer").pop("parameters"), ENGINE, None),
+    "no-kv-events": (PRECISE, lambda c: None, dict(ENGINE, kv_events_enabled=False), None),
+    "null-indexer-config": (PRECISE, lambda c: producer_params(c).update(indexerConfig=None), ENGINE, None),
+    "kv-events-config-null": (PRECISE, lambda c: producer_params(c).update(kvEventsConfig=None), ENGINE, None),
+    "zero-concurrency": (PRECISE, lambda c: producer_params(c)["kvEventsConfig"].update(concurrency=0), ENGINE, None),
+    "negative-concurrency": (PRECISE, lambda c: producer_params(c)["kvEventsConfig"].update(concurrency=-1), ENGINE, None),
+    "tokenizers-pool": (PRECISE, lambda c: producer_params(c).update(indexerConfig={"tokenizersPoolConfig": {}}), ENGINE, None),
+    "block-size-differs": (PRECISE, lambda c: None, dict(ENGINE, block_size=16), None),
+    "hash-seed-differs": (PRECISE, lambda c: None, dict(ENGINE, hash_seed="7"), None),
+    "topic-filter": (PRECISE, lambda c: None, dict(ENGINE, topic="other@x"), None),
+    "engine-type-ignored": (PRECISE, lambda c: None, dict(ENGINE, engine_type="sglang"), None),
+    "pod-discovery-null": (PRECISE, lambda c: producer_params(c)["kvEventsConfig"].update(podDiscoveryConfig=None), ENGINE, None),
+    "socket-port": (PRECISE, lambda c: None, dict(ENGINE, kv_events_port=5558), None),
+    "no-notification-source": (PRECISE, lambda c: c.pop("dataLayer"), ENGINE, None),
+    "estimating-token-producer": (PRECISE, lambda c: plugin(c, "token-producer").update(parameters={}), ENGINE, None),
+    "token-producer-without-model": (PRECISE, lambda c: plugin(c, "token-producer")["parameters"].pop("modelName"), ENGINE, None),
+    "several-token-backends": (PRECISE, lambda c: plugin(c, "token-producer")["parameters"].update(estimate={}), ENGINE, None),
+    "render-needs-scale-out": (PRECISE, lambda c: None, dict(ENGINE, enable_scale_out=False), None),
+    "precise-without-producer": (APPROXIMATE, lambda c: None, None, "precise"),
+    "precise-without-scorer": (APPROXIMATE, lambda c: None, None, "precise"),
+    "approximate-with-producer": (PRECISE, lambda c: None, ENGINE, "approximate"),
+    "approximate-without-load-aware": (PRECISE, lambda c: None, ENGINE, "approximate"),
+}
+# Rules no config can fire at the pinned version: engine-type needs a router that honours engineType (SEMANTICS).
+UNREACHABLE = {"engine-type"}
+
+
+def test_every_rule_has_a_case_and_every_case_a_rule():
+    from ansible_collections.inference_cache.substrate.plugins.module_utils.epp.config import RULES
+    from ansible_collections.inference_cache.substrate.plugins.module_utils.epp.plugins import SEMANTICS
+    names = [rule.name for rule in RULES]
+    assert len(names) == len(set(names)), "rule names are unique"
+    assert set(names) == set(RULE_CASES) | UNREACHABLE
+    assert SEMANTICS["v0.9.0"]["engine_type_honoured"] is False
+
+
+@pytest.mark.parametrize("name", sorted(RULE_CASES))
+def test_each_rule_fires_with_its_kind(name):
+    from ansible_collections.inference_cache.substrate.plugins.module_utils.epp.config import RULES
+    from ansible_collections.inference_cache.substrate.plugins.module_utils.epp.plugins import BEHAVIOUR
+    base, fn, engine, mode = RULE_CASES[name]
+    result = check_epp_config(mutate(base, fn), engine=engine, mode=mode)
+    assert name in result.rules, (name, result.findings)
+    rule = [r for r in RULES if r.name == name][0]
+    kind = BEHAVIOUR["v0.9.0"][rule.behaviour][0] if rule.behaviour else rule.kind
+    finding = result.findings[result.rules.index(name)]
+    assert finding["kind"] == kind and finding["sentence"].endswith("."), finding
+    assert (finding["sentence"] in result.deprecations) is rule.deprecation
+    assert name not in check_epp_config(copy.deepcopy(base), engine=ENGINE if base is PRECISE else None).rules
+
+
+def test_every_behaviour_entry_is_a_rule_or_the_empty_config():
+    from ansible_collections.inference_cache.substrate.plugins.module_utils.epp.config import RULES
+    from ansible_collections.inference_cache.substrate.plugins.module_utils.epp.plugins import BEHAVIOUR
+    used = set(rule.behaviour for rule in RULES if rule.behaviour)
+    assert used | {"empty-config"} == set(BEHAVIOUR["v0.9.0"])
+
+
+def test_rule_sources_cite_the_pinned_releases():
+    from ansible_collections.inference_cache.substrate.plugins.module_utils.epp.config import RULES
+    for rule in RULES:
+        assert rule.source is None or rule.source.startswith("llm-d/llm-d-router@v0.9.0:"), rule.name

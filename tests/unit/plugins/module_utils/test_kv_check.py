@@ -18,8 +18,8 @@ import pytest
 import zmq
 
 from ansible_collections.inference_cache.substrate.plugins.module_utils.kv.args import KV_STREAM_ARG_SPEC
-from ansible_collections.inference_cache.substrate.plugins.module_utils.kv.events_check import (
-    CHECK_ARG_SPEC, CheckFailed, KVEventsCheck, send_trigger)
+from ansible_collections.inference_cache.substrate.plugins.module_utils.common.errors import CheckError
+from ansible_collections.inference_cache.substrate.plugins.module_utils.kv.events_check import CHECK_ARG_SPEC, KVEventsCheck, send_trigger
 from ansible_collections.inference_cache.substrate.plugins.module_utils.http.args import HTTP_ARG_SPEC
 from ansible_collections.inference_cache.substrate.plugins.module_utils.http.openai import OpenAIHTTPError
 from ansible_collections.inference_cache.substrate.tests.unit.plugins.http_server import tls_scripted_server
@@ -49,7 +49,7 @@ def one_sentence(msg):
 
 
 def fail(zctx, **kw):
-    with pytest.raises(CheckFailed) as info:
+    with pytest.raises(CheckError) as info:
         run(zctx, **kw)
     one_sentence(info.value.msg)
     assert info.value.facts["changed"] is False
@@ -211,30 +211,33 @@ INVALID = [
     ({"expect": {"BlockStored": -1}}, "expect.BlockStored must be a non-negative integer (at most 1000000000), got -1."),
     ({"expect": {"BlockStored": "many"}}, "expect.BlockStored must be a non-negative integer"),
     ({"expect": {"BlockStored": 1.5}}, "expect.BlockStored must be a non-negative integer"),
-    ({"expect": ["BlockStored"]}, "expect must be a mapping of event type to minimum count"),
+    ({"expect": ["BlockStored"]}, "expect must be a mapping, got ['BlockStored']."),
     ({"data_parallel_size": 0}, "data_parallel_size must be between 1 and 64, got 0."),
     ({"data_parallel_size": 100000}, "data_parallel_size must be between 1 and 64, got 100000."),
-    ({"data_parallel_size": "2"}, "data_parallel_size must be an integer between 1 and 64, got '2'."),
-    ({"timeout": 0}, "timeout must be a positive number of seconds (at most 86400.0), got 0."),
-    ({"timeout": -3}, "timeout must be a positive number of seconds"),
-    ({"timeout": float("nan")}, "timeout must be a number between 0.0 and 86400.0, got nan."),
-    ({"timeout": float("inf")}, "timeout must be a number between 0.0 and 86400.0, got inf."),
-    ({"timeout": 1e9}, "timeout must be between 0.0 and 86400.0, got 1000000000.0."),
-    ({"settle": -1.0}, "settle must be between 0.0 and 3600.0, got -1.0."),
-    ({"settle": [1]}, "settle must be a number between 0.0 and 3600.0, got [1]."),
+    ({"data_parallel_size": "2"}, "data_parallel_size must be an integer, got '2'."),
+    ({"timeout": 0}, "timeout must be above 0 and at most 86400, got 0."),
+    ({"timeout": -3}, "timeout must be above 0 and at most 86400, got -3."),
+    ({"timeout": float("nan")}, "timeout must be a number, got nan."),
+    ({"timeout": float("inf")}, "timeout must be above 0 and at most 86400, got inf."),
+    ({"timeout": 1e9}, "timeout must be above 0 and at most 86400, got 1000000000."),
+    ({"settle": -1.0}, "settle must be between 0 and 3600, got -1."),
+    ({"settle": [1]}, "settle must be a number, got [1]."),
     ({"endpoint": "localhost:5557"}, "endpoint must be a ZMQ endpoint such as tcp://HOST:PORT"),
-    ({"endpoint": ["tcp://h:1"]}, "endpoint must be a ZMQ endpoint"),
+    ({"endpoint": ["tcp://h:1"]}, "endpoint must be a string, got ['tcp://h:1']."),
+    ({"endpoint": None}, "endpoint is required."),
     ({"replay_endpoint": "5558"}, "replay_endpoint must be a ZMQ endpoint"),
     ({"socket_mode": "both"}, "socket_mode must be one of connect, bind, got 'both'."),
     ({"engine": "trt"}, "engine must be one of auto, vllm, sglang, got 'trt'."),
     ({"topic": 5}, "topic must be a string, got 5."),
     ({"include_token_ids": "yes"}, "include_token_ids must be true or false"),
-    ({"trigger": "http://x"}, "trigger must be a mapping with at least a url"),
+    ({"trigger": "http://x"}, "trigger must be a mapping, got 'http://x'."),
+    ({"trigger": {"model": "m"}}, "trigger.url is required."),
     ({"trigger": {"url": "ftp://x"}}, "trigger.url must be an http:// or https:// URL"),
     ({"trigger": {"url": "http://x", "max_tokens": 0}}, "trigger.max_tokens must be between 1 and 1000000, got 0."),
-    ({"trigger": {"url": "http://x", "delay": -1}}, "trigger.delay must be between 0.0 and 3600.0, got -1."),
-    ({"trigger": {"url": "http://x", "headers": ["a"]}}, "trigger.headers must be a mapping of header names to strings."),
-    ({"trigger": {"url": "http://x", "model": 3}}, "trigger.model must be a string."),
+    ({"trigger": {"url": "http://x", "delay": -1}}, "trigger.delay must be between 0 and 3600, got -1."),
+    ({"trigger": {"url": "http://x", "headers": ["a"]}}, "trigger.headers must be a mapping, got ['a']."),
+    ({"trigger": {"url": "http://x", "headers": {"X-A": ["1"]}}}, "trigger.headers must be a mapping of header names to strings."),
+    ({"trigger": {"url": "http://x", "model": 3}}, "trigger.model must be a string, got 3."),
     ({"trigger": {"url": "https://x", "max_body_bytes": 10}}, "trigger.max_body_bytes must be between 1024 and 1073741824, got 10."),
     ({"trigger": {"url": "https://x", "client_key": "/k.pem"}}, "trigger.client_key needs trigger.client_cert"),
     ({"trigger": {"url": "https://x", "validate_certs": "no"}}, "trigger.validate_certs must be true or false, got 'no'."),
@@ -252,6 +255,23 @@ def test_invalid_parameters(zctx, kw, msg):
     exc = fail(zctx, **kw)
     assert msg in exc.msg
     assert exc.facts["elapsed"] < 0.5  # refused before any socket waits
+    assert exc.facts["counts"] == {"BlockStored": 0, "BlockRemoved": 0, "AllBlocksCleared": 0}  # the facts of a check that heard nothing
+
+
+def test_bounds_are_valid_and_the_options_completed():
+    check = KVEventsCheck({"endpoint": "tcp://127.0.0.1:1", "timeout": 86400, "settle": 3600, "data_parallel_size": 64,
+                           "expect": {"BlockStored": "3"}, "trigger": {"url": "http://x", "max_tokens": 1000000, "delay": 0}})
+    check.validate()
+    assert check.params["socket_mode"] == "connect" and check.params["engine"] == "auto" and check.params["topic"] == ""
+    assert check.params["trigger"]["headers"] == {} and check.params["trigger"]["validate_certs"] is True
+    assert check.expect == {"BlockStored": 3} and check.params["router_version"] == "v0.9.0"
+    assert len(check.endpoints()) == 64 and check.endpoints()[-1] == "tcp://127.0.0.1:64"
+
+
+def test_options_left_out_are_defaults_and_a_missing_endpoint_one_sentence():
+    with pytest.raises(CheckError) as info:
+        KVEventsCheck({}).run()
+    assert info.value.msg == "endpoint is required." and info.value.facts["endpoints"] == [None]
 
 
 def test_data_parallel_ranks(zctx, publisher):
@@ -310,13 +330,13 @@ def test_trigger_sent_after_connection(zctx, inproc, publisher):
 
 def test_trigger_failure_message():
     error = OpenAIHTTPError("Cannot reach http://127.0.0.1:9/v1/completions: Connection refused")
-    with pytest.raises(CheckFailed) as info:
+    with pytest.raises(CheckError) as info:
         send_trigger({"url": "http://127.0.0.1:9", "model": "m"}, 1.0, fake_client({"/v1/completions": error}, []))
     assert info.value.msg == "The trigger request failed: Cannot reach http://127.0.0.1:9/v1/completions: Connection refused."
 
 
 def test_trigger_without_a_listed_model():
-    with pytest.raises(CheckFailed) as info:
+    with pytest.raises(CheckError) as info:
         send_trigger({"url": "http://h"}, 1.0, fake_client({"/v1/models": {"data": []}}, []))
     assert info.value.msg == "The trigger request failed: http://h/v1/models lists no model; set the trigger's model."
 
@@ -353,7 +373,7 @@ def test_trigger_over_tls_trusts_ca_path_and_refuses_an_unknown_certificate(tls_
         monkeypatch.delenv(name, raising=False)
     assert send_trigger({"url": srv.url, "model": "m", "ca_path": cert}, 5.0)["status"] == 200
     assert send_trigger({"url": srv.url, "model": "m", "validate_certs": False}, 5.0)["prompt_tokens"] == 40
-    with pytest.raises(CheckFailed) as info:
+    with pytest.raises(CheckError) as info:
         send_trigger({"url": srv.url, "model": "m"}, 5.0)
     assert "certificate verify failed" in info.value.msg
     one_sentence(info.value.msg)
@@ -361,7 +381,7 @@ def test_trigger_over_tls_trusts_ca_path_and_refuses_an_unknown_certificate(tls_
 
 def test_trigger_real_http_error():
     num = free_port()
-    with pytest.raises(CheckFailed) as info:
+    with pytest.raises(CheckError) as info:
         send_trigger({"url": "http://127.0.0.1:%d" % num, "model": "m"}, 2.0)
     assert info.value.msg.startswith("The trigger request failed: Cannot reach http://127.0.0.1:%d/v1/completions:" % num)
 

@@ -19,8 +19,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ansible_collections.inference_cache.substrate.plugins.module_utils.kv import events as kv
-from ansible_collections.inference_cache.substrate.plugins.module_utils.kv import report as report
-from ansible_collections.inference_cache.substrate.plugins.module_utils.kv import stream as stream
+from ansible_collections.inference_cache.substrate.plugins.module_utils.kv import report
+from ansible_collections.inference_cache.substrate.plugins.module_utils.kv import stream
+from ansible_collections.inference_cache.substrate.plugins.module_utils.kv import consumer as kvc
 from ansible_collections.inference_cache.substrate.plugins.module_utils.kv import sockets as kvz
 from ansible_collections.inference_cache.substrate.tools import _kv_synthetic as synth
 
@@ -331,12 +332,16 @@ def test_stats_facts():
 
 
 def test_offset_endpoint():
-    assert kvz.offset_endpoint("tcp://*:5557", 0) == "tcp://*:5557"
-    assert kvz.offset_endpoint("tcp://*:5557", 2) == "tcp://*:5559"
-    assert kvz.offset_endpoint("tcp://*:0", 2) == "tcp://*:0"   # vLLM leaves a port of 0 to the OS
-    assert kvz.offset_endpoint("ipc:///tmp/kv", 1) == "ipc:///tmp/kv_dp1"
+    assert kvc.offset_endpoint("tcp://*:5557", 0) == "tcp://*:5557"
+    assert kvc.offset_endpoint("tcp://*:5557", 2) == "tcp://*:5559"
+    assert kvc.offset_endpoint("tcp://*:0", 2) == "tcp://*:0"   # vLLM leaves a port of 0 to the OS
+    assert kvc.offset_endpoint("ipc:///tmp/kv", 1) == "ipc:///tmp/kv_dp1"
     with pytest.raises(ValueError):
-        kvz.offset_endpoint("tcp://host", 1)
+        kvc.offset_endpoint("tcp://host", 1)
+    sources = kvc.rank_sources("tcp://*:5557", False, "kv@", "tcp://h:5600", 3)
+    assert [(s.endpoint, s.replay_endpoint, s.rank, s.topic) for s in sources] == [
+        ("tcp://*:5557", "tcp://h:5600", 0, "kv@"), ("tcp://*:5558", "tcp://h:5601", 1, "kv@"), ("tcp://*:5559", "tcp://h:5602", 2, "kv@")]
+    assert kvc.rank_sources("ipc:///tmp/kv", True, ranks=2)[1].replay_endpoint is None
 
 
 @pytest.mark.parametrize("fmt", synth.WIRE_FORMATS)

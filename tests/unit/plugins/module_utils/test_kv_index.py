@@ -11,9 +11,10 @@ __metaclass__ = type  # pylint: disable=invalid-name
 
 import pytest
 
+from ansible_collections.inference_cache.substrate.plugins.module_utils.common.errors import CheckError
 from ansible_collections.inference_cache.substrate.plugins.module_utils.kv import index as kvi
 from ansible_collections.inference_cache.substrate.plugins.module_utils.kv import index_approx as approx
-from ansible_collections.inference_cache.substrate.plugins.module_utils.kv import workload as workload
+from ansible_collections.inference_cache.substrate.plugins.module_utils.kv import workload
 from ansible_collections.inference_cache.substrate.plugins.module_utils.kv.events import Event
 
 BS = 4
@@ -232,13 +233,15 @@ def test_workload_one_engine():
 
 
 @pytest.mark.parametrize("params, message", [
-    ({"families": 0}, "workload.families must be at least 1, got 0"),
-    ({"fan_out_every": -1}, "workload.fan_out_every must not be negative, got -1"),
-    ({"rounds": "x"}, "workload.rounds must be an integer, got 'x'"),
-    ({"other": 1}, "workload has unknown keys other"),
+    ({"families": 0}, "workload.families must be at least 1, got 0."),
+    ({"fan_out_every": -1}, "workload.fan_out_every must be at least 0, got -1."),
+    ({"rounds": "x"}, "workload.rounds must be an integer, got 'x'."),
+    ({"other": 1}, "workload has unknown keys other; known: families, fan_out_every, move_every, "),
+    ("3", "workload must be a mapping, got '3'."),
 ])
 def test_workload_validation(params, message):
-    with pytest.raises(ValueError, match=message):
+    with pytest.raises(CheckError) as info:
         workload.build(["a"], params)
+    assert info.value.msg.startswith(message), info.value.msg
     with pytest.raises(ValueError, match="at least one engine"):
         workload.build([])

@@ -16,6 +16,7 @@ import os
 
 import pytest
 
+from ansible_collections.inference_cache.substrate.plugins.module_utils.common.errors import CheckError
 from ansible_collections.inference_cache.substrate.plugins.module_utils.kv import index_check as chk
 from ansible_collections.inference_cache.substrate.plugins.module_utils.http.args import HTTP_ARG_SPEC
 from ansible_collections.inference_cache.substrate.tests.unit.plugins.kv_index_fake import FakeEngine
@@ -49,7 +50,7 @@ def params(engines, **overrides):
 def run(p):
     try:
         return True, chk.KVIndexCheck(p).run()
-    except chk.CheckFailed as exc:
+    except CheckError as exc:
         return False, exc
 
 
@@ -106,7 +107,8 @@ def test_wrong_topic_fails_naming_family_engine_and_counts():
     assert "no KV events arrived under its topic prefix 'kv@127.0.0.1:1@tiny', but messages arrived under 'kv@127.0.0.1:%d@tiny'" % (
         engines[1].port) in msg
     assert exc.facts["mismatches"][0]["predicted"] == 0 and exc.facts["mismatches"][0]["reported"] > 0
-    assert exc.facts["engines"]["engine-1"]["other_topics"] and exc.facts["engines"]["engine-1"]["batches"] == 0
+    assert list(exc.facts["engines"]["engine-1"]["other_topics"]) == ["kv@127.0.0.1:%d@tiny" % engines[1].port]
+    assert exc.facts["engines"]["engine-1"]["batches"] == 0
 
 
 def test_stopped_subscription_fails():
@@ -160,10 +162,17 @@ def test_bind_mode_engines_connect():
 
 
 @pytest.mark.parametrize("change, expected", [
-    ({"engines": []}, "engines must list at least one engine"),
-    ({"timeout": 0}, "timeout must be a positive number of seconds."),
-    ({"workload": {"families": 0}}, "Workload.families must be at least 1, got 0."),
-    ({"workload": {"bogus": 1}}, "Workload has unknown keys bogus"),
+    ({"engines": []}, "engines must list at least one engine (url, endpoint, topic)."),
+    ({"timeout": 0}, "timeout must be above 0, got 0."),
+    ({"request_timeout": -1}, "request_timeout must be above 0, got -1."),
+    ({"max_tokens": 0}, "max_tokens must be at least 1, got 0."),
+    ({"workload": {"families": 0}}, "workload.families must be at least 1, got 0."),
+    ({"workload": {"suffix_words": -1}}, "workload.suffix_words must be at least 0, got -1."),
+    ({"workload": {"bogus": 1}}, "workload has unknown keys bogus; known: "),
+    ({"engines": [{"url": "http://127.0.0.1:1", "endpoint": "127.0.0.1:1"}]}, "engines[0].endpoint must be a ZMQ endpoint such as"),
+    ({"engines": [{"url": "http://127.0.0.1:1", "endpoint": "tcp://127.0.0.1:1", "withhold_after": -1}]},
+     "engines[0].withhold_after must be at least 0, got -1."),
+    ({"engines": [{"url": "http://127.0.0.1:1"}]}, "engines[0].endpoint is required."),
 ])
 def test_bad_parameters(change, expected):
     p = params([FakeEngine(free_port(), "tcp://127.0.0.1:1", "kv@a:1@m")])
@@ -211,7 +220,8 @@ def test_duplicate_names_and_bad_url():
     ok, exc = run({"engines": [spec, dict(spec)], "timeout": 5})
     assert not ok and "Two engines are named 'a:1'" in assert_one_sentence(exc.msg)
     ok, exc = run({"engines": [dict(spec, url="127.0.0.1:1")], "timeout": 5})
-    assert not ok and "is not an http(s) URL" in assert_one_sentence(exc.msg)
+    assert not ok and assert_one_sentence(exc.msg) == ("engines[0].url must be an http:// or https:// URL of the OpenAI-compatible "
+                                                       "server, got '127.0.0.1:1'.")
 
 
 def test_unreachable_engine():
@@ -229,7 +239,19 @@ def test_nobody_connects_in_bind_mode():
         p["engines"][0]["endpoint"] = "tcp://127.0.0.1:%d" % free_port()
         ok, exc = run(p)
     assert not ok
-    assert "No publisher connected to" in assert_one_sentence(exc.msg)
+    assert assert_one_sentence(exc.msg).startswith("Engine engine-0 (%s): no publisher connected; the engine must connect to this "
+                                                   "address" % p["engines"][0]["endpoint"])
+
+
+def test_nothing_bound_in_connect_mode():
+    with FakeEngine(free_port(), "tcp://127.0.0.1:%d" % free_port(), "kv@x:1@tiny") as engine:
+        p = params([engine], event_wait=0.2)
+        p["engines"][0]["endpoint"] = "tcp://127.0.0.1:%d" % free_port()
+        ok, exc = run(p)
+    assert not ok
+    assert assert_one_sentence(exc.msg).startswith("Engine engine-0 (%s): the connection never completed, so nothing is bound there; "
+                                                   "the engine must bind" % p["engines"][0]["endpoint"])
+    assert exc.facts["engines"]["engine-0"]["batches"] == 0
 
 
 @pytest.mark.parametrize("text, expected", [
@@ -264,40 +286,49 @@ def _stream():
     check.index = KVBlockIndex(4, "tiny")
     check.uncounted = KVBlockIndex(4, "tiny", count_copies=False)
     engine = chk.Engine({"name": "a", "topic": "kv@a:1@tiny", "url": "http://127.0.0.1:1", "endpoint": "tcp://127.0.0.1:1"}, None)
+    check.engines, check.by_name = [engine], {"a": engine}
     return check, engine
+
+
+def receive(check, engine, frames):
+    """One live message from the engine's socket, as the consumer drains it."""
+    check.consumer.receive(engine.source, frames)
 
 
 def test_restart_and_all_blocks_cleared_clear_the_engine():
     check, engine = _stream()
-    check.receive(None, engine, _frames(0, [_stored([1, 2], None, list(range(8)))]))
-    check.receive(None, engine, _frames(1, [_stored([3], 2, list(range(8, 12)))]))
+    receive(check, engine, _frames(0, [_stored([1, 2], None, list(range(8)))]))
+    receive(check, engine, _frames(1, [_stored([3], 2, list(range(8, 12)))]))
     assert check.index.size("a") == 3 and engine.restarts == 0
-    check.receive(None, engine, _frames(1, [_stored([9], None, list(range(4)))]))     # a duplicate: ignored
+    receive(check, engine, _frames(1, [_stored([9], None, list(range(4)))]))     # a duplicate: ignored
     assert check.index.size("a") == 3
-    check.receive(None, engine, _frames(0, [_stored([5], None, list(range(20, 24)))]))   # seq went back: a restart
+    receive(check, engine, _frames(0, [_stored([5], None, list(range(20, 24)))]))   # seq went back: a restart
     assert engine.restarts == 1 and check.index.size("a") == 1 and check.uncounted.size("a") == 1
-    check.receive(None, engine, _frames(1, [{"type": "AllBlocksCleared"}]))
+    receive(check, engine, _frames(1, [{"type": "AllBlocksCleared"}]))
     assert check.index.size("a") == 0 and check.index.engines["a"].clears == 2
+    assert engine.source.activity == 5
 
 
 def test_gap_without_replay_and_other_topics_are_counted():
     check, engine = _stream()
-    check.receive(None, engine, _frames(0, [_stored([1], None, list(range(4)))]))
-    check.receive(None, engine, _frames(3, [_stored([2], 1, list(range(4, 8)))]))
+    receive(check, engine, _frames(0, [_stored([1], None, list(range(4)))]))
+    receive(check, engine, _frames(3, [_stored([2], 1, list(range(4, 8)))]))
     assert engine.gaps_unrepaired == 1 and check.index.size("a") == 2
-    check.receive(None, engine, _frames(4, [_stored([7], None, list(range(4)))], topic=b"kv@b:2@tiny"))
-    assert engine.other_topics == {"kv@b:2@tiny": 1} and check.index.size("a") == 2
-    check.receive(None, engine, [b"kv@a:1@tiny", b"\x00", b"x"])
-    assert engine.malformed == 1
+    receive(check, engine, _frames(4, [_stored([7], None, list(range(4)))], topic=b"kv@b:2@tiny"))
+    assert engine.tally.other_topics == {"kv@b:2@tiny": 1} and check.index.size("a") == 2
+    receive(check, engine, [b"kv@a:1@tiny", b"\x00", b"x"])
+    assert engine.tally.malformed == 1
     assert check.explain(engine) == "; a gap in its event stream could not be repaired (1 in all)"
+    facts = engine.facts(check.index, check.uncounted)
+    assert facts["other_topics"] == {"kv@b:2@tiny": 1} and facts["malformed"] == 1 and facts["gaps_unrepaired"] == 1
 
 
 def test_events_the_index_cannot_key_are_malformed_not_a_crash():
     check, engine = _stream()
     no_tokens = dict(_stored([1], None, None))
     del no_tokens["token_ids"]
-    check.receive(None, engine, _frames(0, [no_tokens, _stored([2], None, list(range(4)))]))
-    assert engine.malformed == 1 and "without token ids" in engine.malformed_reason
+    receive(check, engine, _frames(0, [no_tokens, _stored([2], None, list(range(4)))]))
+    assert engine.tally.malformed == 1 and "without token ids" in engine.tally.malformed_reason
     assert check.index.size("a") == 1   # the good event of the same batch was applied
 
 

@@ -11,6 +11,7 @@ __metaclass__ = type  # pylint: disable=invalid-name
 
 import pytest
 
+from ansible_collections.inference_cache.substrate.plugins.module_utils.common.errors import CheckError
 from ansible_collections.inference_cache.substrate.plugins.module_utils.engine import sizing as S
 
 GIB = 1024 ** 3
@@ -59,12 +60,12 @@ def test_llama_70b_needs_tensor_parallelism():
 
 
 def test_context_that_does_not_fit_fails_early_with_the_numbers():
-    with pytest.raises(S.SizingError) as err:
+    with pytest.raises(CheckError) as err:
         S.plan(LLAMA_8B, "8B", "24GiB", 131072, max_num_seqs=4, max_gpus=1)
     msg = str(err.value)
     assert msg.startswith("The requested context of 524288 tokens (131072 x 4 sequences) does not fit: weights 14.9 GiB plus KV cache 64.0 GiB")
     assert "exceed 1 GPU(s) of 24.0 GiB" in msg
-    assert err.value.details["kv_cache_bytes_required"] == 131072 * 524288
+    assert err.value.facts["kv_cache_bytes_required"] == 131072 * 524288
 
 
 def test_fp8_kv_cache_halves_the_kv_bytes():
@@ -73,7 +74,7 @@ def test_fp8_kv_cache_halves_the_kv_bytes():
 
 
 def test_explicit_tp_is_checked_only():
-    with pytest.raises(S.SizingError, match="tensor_parallel_size 3 does not divide the 32 attention heads"):
+    with pytest.raises(CheckError, match="tensor_parallel_size 3 does not divide the 32 attention heads"):
         S.plan(LLAMA_8B, "8B", "24GiB", 8192, tensor_parallel_size=3)
     assert S.plan(LLAMA_8B, "8B", "24GiB", 8192, tensor_parallel_size=2)["tensor_parallel_size"] == 2
 
@@ -96,9 +97,14 @@ def test_parse_count(value, expected):
     (lambda: S.plan(LLAMA_8B, "8B", "2GiB", 1024, reserved_memory="4GiB"), "A GPU of 2.0 GiB leaves no memory"),
     (lambda: S.plan(LLAMA_8B, "8B", "24GiB", 0), "max_model_len must be a whole number between 1 and 100000000, got 0."),
     (lambda: S.plan(LLAMA_8B, "8B", "24GiB", 1024, gpu_memory_utilization=1.5), "gpu_memory_utilization must be in (0, 1]"),
+    # the numbers are checked by the module's option table (PLAN_OPTIONS), with the same words for a wrong type
+    (lambda: S.plan(LLAMA_8B, "8B", "24GiB", 1024, max_gpus="8"), "max_gpus must be a whole number between 1 and 4096, got '8'."),
+    (lambda: S.plan(LLAMA_8B, "8B", "24GiB", 1024, gpu_memory_utilization=True), "gpu_memory_utilization must be in (0, 1], got True."),
+    (lambda: S.plan(LLAMA_8B, "8B", "24GiB", 1024, tensor_parallel_size=5000),
+     "tensor_parallel_size must be a whole number between 1 and 4096, got 5000."),
 ])
 def test_bad_inputs_fail_with_one_sentence(call, message):
-    with pytest.raises(S.SizingError) as err:
+    with pytest.raises(CheckError) as err:
         call()
     assert str(err.value).startswith(message)
 

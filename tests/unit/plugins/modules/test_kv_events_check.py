@@ -87,7 +87,7 @@ def test_bind_in_use(publisher):
 
 
 def test_trigger_api_key_is_no_log():
-    spec = kv_events_check.CHECK_ARG_SPEC["trigger"]["options"]
+    spec = kv_events_check.OPTIONS["trigger"]["options"]
     assert spec["api_key"]["no_log"] is True
 
 

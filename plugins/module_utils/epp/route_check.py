@@ -1,0 +1,174 @@
+# -*- coding: utf-8 -*-
+# Copyright (c) inference_cache.substrate contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+# PRIVATE to the inference_cache.substrate collection: the names here may change without notice.
+
+"""The check behind ``inference_cache.substrate.epp_route_check`` (pure Python, no Ansible).
+
+Asks a running EPP where it routes each given request (``epp/extproc.ask_pick``: the ext_proc protocol Envoy
+speaks; nothing reaches an engine) and holds each pick against the collection's KV-block index built from the
+engines' own KV events (``kv/index_check``: copies counted, the index ``kv_index_check`` proves exact): the
+precise router's claim is that its pick holds the longest cached prefix of the request among the endpoints.
+
+``RouteCheck(params).run()`` returns the facts or raises ``CheckError(msg, facts)``. Prompts and token ids stay in
+this process; the facts carry counts and endpoint addresses only.
+"""
+
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type  # pylint: disable=invalid-name
+
+import json
+
+from ..kv.index_approx import block_hashes
+from ..kv.index_check import ENGINE_SPEC, KVIndexCheck
+from .extproc import ask_pick, split_target
+
+
+def _address_problem(value, name):
+    try:
+        split_target(value)
+    except ValueError as exc:
+        return "%s: %s." % (name, exc)
+    return None
+
+
+def _non_empty(value, name):
+    return None if value else "%s must list at least one entry." % name
+
+
+EPP_SPEC = {
+    "address": {"type": "str", "required": True, "check": _address_problem},
+    "tls": {"type": "bool", "default": False},
+    "validate_certs": {"type": "bool", "default": True},
+    "ca_path": {"type": "path"},
+    "client_cert": {"type": "path"},
+    "client_key": {"type": "path", "no_log": False},
+    "server_name": {"type": "str"},
+    "path": {"type": "str", "default": "/v1/completions"},
+    "headers": {"type": "dict", "default": {}},
+}
+ROUTE_ENGINE_SPEC = dict((k, v) for k, v in ENGINE_SPEC.items() if k != "withhold_after")
+ROUTE_ENGINE_SPEC["address"] = {"type": "str", "check": _address_problem}
+REQUEST_SPEC = {
+    "prompt": {"type": "str", "required": True, "no_log": False},
+    "name": {"type": "str"},
+    "headers": {"type": "dict", "default": {}},
+}
+OPTIONS = {
+    "epp": {"type": "dict", "required": True, "options": EPP_SPEC},
+    "engines": {"type": "list", "elements": "dict", "required": True, "options": ROUTE_ENGINE_SPEC, "check": _non_empty},
+    "requests": {"type": "list", "elements": "dict", "required": True, "options": REQUEST_SPEC, "check": _non_empty},
+    "model": {"type": "str"},
+    "max_tokens": {"type": "int", "default": 1, "no_log": False, "range": (1, None)},
+    "expect_longest_prefix": {"type": "bool", "default": True},
+    "settle": {"type": "float", "default": 1.0, "range": (0, 3600)},
+    "event_wait": {"type": "float", "default": 5.0, "range": (0, 3600)},
+    "timeout": {"type": "float", "default": 120.0, "range": (0, None, "open-low")},
+    "request_timeout": {"type": "float", "default": 30.0, "range": (0, None, "open-low")},
+}
+
+
+def url_address(url):
+    """``host:port`` of an engine URL (port 80/443 by scheme when absent): how the EPP names an endpoint."""
+    rest = url.split("//", 1)[1].split("/", 1)[0]
+    if rest.startswith("[") and "]:" in rest or not rest.startswith("[") and ":" in rest:
+        return rest
+    return "%s:%d" % (rest, 443 if url.lower().startswith("https") else 80)
+
+
+class RouteCheck(KVIndexCheck):
+    """Ask the EPP for each request's pick and judge it against the KV-block index of the engines' events."""
+
+    options = OPTIONS
+
+    def __init__(self, params, ask=ask_pick, **kwargs):
+        super(RouteCheck, self).__init__(params, **kwargs)
+        self.ask = ask
+        self.picks = []
+        self.by_address = {}
+
+    # -- facts ----------------------------------------------------------------------------
+    def facts(self):
+        held = [p for p in self.picks if p["holds_longest"]]
+        warm = [p for p in self.picks if p["longest_tokens"]]
+        facts = {
+            "changed": False,
+            "model": self.model,
+            "block_size": self.block_size,
+            "epp": (self.params.get("epp") or {}).get("address") if isinstance(self.params.get("epp"), dict) else None,
+            "requests": len(self.picks),
+            "holds_longest": len(held),
+            "warm_requests": len(warm),
+            "warm_holds_longest": sum(1 for p in warm if p["holds_longest"]),
+            "picks": list(self.picks),
+            "engines": dict((e.name, {"address": e.spec.get("address"), "batches": e.batches, "held_blocks": self.index.size(e.name)
+                                      if self.index else 0}) for e in self.engines),
+        }
+        facts["summary"] = ("the EPP's pick held the longest cached prefix on %d of %d requests (%d of %d where an engine held "
+                            "part of the prompt)" % (facts["holds_longest"], facts["requests"], facts["warm_holds_longest"],
+                                                     facts["warm_requests"]))
+        return facts
+
+    # -- validation -----------------------------------------------------------------------
+    def validate(self):
+        specs = self.named_engines()
+        for pos, spec in enumerate(specs):
+            spec["address"] = spec["address"] or url_address(spec["url"])
+            for other in specs[:pos]:
+                if spec["address"] == other["address"]:
+                    self.fail("Engines %s and %s have the same address %s; give each the address the EPP knows it by." % (
+                        other["name"], spec["name"], spec["address"]))
+        self.by_address = dict((s["address"], s["name"]) for s in specs)
+        return specs
+
+    # -- the requests ---------------------------------------------------------------------
+    def run(self, warm=None):
+        """Route every request; ``warm()``, when given, runs once the engines' streams are open (a caller that warms a cache)."""
+        self.prepare()
+        with self.listening():
+            if warm is not None:
+                warm()
+            for pos, request in enumerate(self.params["requests"]):
+                self.route(pos, request)
+        self.judge()
+        return self.facts()
+
+    def route(self, pos, request):
+        self.settle()
+        prompt = request["prompt"]
+        predicted = self.predict(prompt, {}, block_hashes(prompt, self.approx.block_size, self.model))["precise"]
+        epp = self.params["epp"]
+        body = json.dumps({"model": self.model, "prompt": prompt, "max_tokens": self.params["max_tokens"]}).encode("utf-8")
+        headers = dict(epp["headers"], **request["headers"])
+        if self.clock() >= self.deadline:
+            self.fail("The check ran out of its %ss timeout after %d requests; raise timeout." % (self.params["timeout"], pos))
+        answer = self.ask(epp["address"], body, headers=headers, path=epp["path"],
+                          timeout=min(self.params["request_timeout"], max(self.deadline - self.clock(), 0.1)), tls=epp["tls"],
+                          validate_certs=epp["validate_certs"], ca_path=epp["ca_path"], client_cert=epp["client_cert"],
+                          client_key=epp["client_key"], server_name=epp["server_name"])
+        picked = answer["picked"]
+        name = self.by_address.get(picked)
+        top = max(predicted.values())
+        longest = sorted(n for n, tokens in predicted.items() if tokens == top)
+        pick = {"request": request["name"] or pos, "picked": picked, "engine": name, "predicted": dict(predicted),
+                "longest": longest, "longest_tokens": top, "holds_longest": name in longest}
+        self.picks.append(pick)
+        if name is None:
+            self.fail("The EPP picked %s for request %s, which is none of the engines given (%s); give each engine the address "
+                      "the EPP knows it by (engines[].address)." % (picked, pick["request"], ", ".join(sorted(self.by_address))))
+
+    # -- verdict --------------------------------------------------------------------------
+    def judge(self):
+        if not self.params["expect_longest_prefix"]:
+            return
+        wrong = [p for p in self.picks if not p["holds_longest"]]
+        if wrong:
+            first = wrong[0]
+            self.fail("The EPP picked %s (%s) for request %s, which holds %d cached tokens of its prompt, while %s held %d, the longest "
+                      "cached prefix by the engines' KV events (%d of %d picks missed it); check that the router runs precise "
+                      "prefix-cache scoring and receives these engines' events." % (
+                          first["engine"], first["picked"], first["request"], first["predicted"][first["engine"]],
+                          " and ".join(first["longest"]), first["longest_tokens"], len(wrong), len(self.picks)))

@@ -1,0 +1,100 @@
+# -*- coding: utf-8 -*-
+# Copyright (c) inference_cache.substrate contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+"""epp/extproc.ask_pick against a stand-in EPP speaking ext_proc: the pick, TLS, and one sentence for each failure."""
+
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type  # pylint: disable=invalid-name
+
+import json
+
+import pytest
+
+from ansible_collections.inference_cache.substrate.plugins.module_utils.common.errors import CheckError
+from ansible_collections.inference_cache.substrate.plugins.module_utils.epp import extproc
+from ansible_collections.inference_cache.substrate.tests.unit.plugins.fake_epp import FakeEPP, self_signed
+from ansible_collections.inference_cache.substrate.tests.unit.plugins.net_utils import free_port
+
+BODY = json.dumps({"model": "tiny", "prompt": "hello"}).encode()
+
+
+def test_the_pick_comes_from_the_destination_header_primary_first():
+    with FakeEPP(pick="10.0.0.2:8000,10.0.0.1:8000") as epp:
+        answer = extproc.ask_pick(epp.address, BODY, headers={"X-Tenant": "a"}, timeout=10)
+    assert answer["picked"] == "10.0.0.2:8000"
+    assert answer["endpoints"] == ["10.0.0.2:8000", "10.0.0.1:8000"]
+    assert answer["metadata_endpoints"] == ["10.0.0.2:8000", "10.0.0.1:8000"]
+    headers, body = epp.seen[0]
+    assert body == BODY
+    assert headers[":method"] == "POST" and headers[":path"] == "/v1/completions"
+    assert headers["content-type"] == "application/json" and headers["x-tenant"] == "a"
+    assert headers["x-request-id"] == answer["request_id"]
+
+
+def test_an_immediate_response_is_one_sentence_with_its_status():
+    with FakeEPP(answer="immediate") as epp:
+        with pytest.raises(CheckError) as info:
+            extproc.ask_pick(epp.address, BODY, timeout=10)
+    assert "answered the request itself with HTTP 503 (no endpoints available)" in info.value.msg
+
+
+def test_an_answer_naming_no_endpoint_fails():
+    with FakeEPP(answer="nothing") as epp:
+        with pytest.raises(CheckError) as info:
+            extproc.ask_pick(epp.address, BODY, timeout=10)
+    assert "without naming an endpoint" in info.value.msg
+
+
+def test_a_silent_epp_hits_the_timeout():
+    with FakeEPP(answer="hang") as epp:
+        with pytest.raises(CheckError) as info:
+            extproc.ask_pick(epp.address, BODY, timeout=1.5)
+    assert "did not answer within 1.5s" in info.value.msg
+
+
+def test_nothing_listening_says_so():
+    with pytest.raises(CheckError) as info:
+        extproc.ask_pick("127.0.0.1:%d" % free_port(), BODY, timeout=3)
+    assert info.value.msg.startswith("Nothing listens at 127.0.0.1:")
+
+
+@pytest.mark.parametrize("target", ["http://127.0.0.1:9002", "127.0.0.1:0", "127.0.0.1:x", ""])
+def test_a_bad_address_is_one_sentence(target):
+    with pytest.raises(CheckError) as info:
+        extproc.ask_pick(target, BODY, timeout=1)
+    assert "ext_proc address" in info.value.msg and info.value.msg.endswith(".")
+
+
+def test_tls_with_the_epps_nameless_self_signed_certificate(tmp_path):
+    cert, key = self_signed()
+    with FakeEPP(tls=(cert, key)) as epp:
+        answer = extproc.ask_pick(epp.address, BODY, timeout=10, tls=True, validate_certs=False)
+        assert answer["picked"] == "10.0.0.2:8000"
+        with pytest.raises(CheckError) as info:
+            extproc.ask_pick(epp.address, BODY, timeout=10, tls=True, validate_certs=True)
+        assert "Cannot open TLS to the EPP" in info.value.msg and "CERTIFICATE_VERIFY_FAILED" in info.value.msg
+        with pytest.raises(CheckError) as info:
+            extproc.ask_pick(epp.address, BODY, timeout=5, tls=False)
+        assert info.value.msg.startswith(("Cannot reach", "The EPP at"))
+
+
+def test_tls_verified_against_a_ca_file_and_a_server_name(tmp_path):
+    cert, key = self_signed(names=["epp.example"])
+    ca = tmp_path / "ca.pem"
+    ca.write_bytes(cert)
+    with FakeEPP(tls=(cert, key)) as epp:
+        answer = extproc.ask_pick(epp.address, BODY, timeout=10, tls=True, ca_path=str(ca), server_name="epp.example")
+        assert answer["picked"] == "10.0.0.2:8000"
+        with pytest.raises(CheckError) as info:
+            extproc.ask_pick(epp.address, BODY, timeout=10, tls=True, ca_path=str(ca), server_name="other.example")
+        assert "Cannot open TLS" in info.value.msg
+
+
+def test_tls_against_a_plain_epp_says_set_tls_false():
+    with FakeEPP() as epp:
+        with pytest.raises(CheckError) as info:
+            extproc.ask_pick(epp.address, BODY, timeout=5, tls=True, validate_certs=False)
+    assert "does not answer in TLS; set tls false" in info.value.msg
