@@ -38,6 +38,7 @@ from .plugins import (
     BEHAVIOUR, BROKEN, CONFIG_SCHEMA, DEFAULT_CONFIG, DEFAULT_ROUTER_VERSION, FEATURE_GATES, INPUT, PLUGINS, REFUSED,
     REMOVED_OR_LATER, ROUTER_SOURCE, ROUTER_VERSIONS, SEMANTICS, WARNING)
 from .schema import show, type_name, validate
+from ..common import wiring
 
 API_VERSION = "llm-d.ai/v1alpha1"
 DEPRECATED_API_VERSIONS = ("inference.networking.x-k8s.io/v1alpha1",)
@@ -53,7 +54,7 @@ SOCKET_PORT_PATH = "kvEventsConfig.podDiscoveryConfig.socketPort"
 
 # Defaults of the precise producer when a field is absent (kvevents.DefaultConfig, kvblock.DefaultTokenProcessorConfig).
 DEFAULT_BLOCK_SIZE = 16
-DEFAULT_TOPIC_FILTER = "kv@"
+DEFAULT_TOPIC_FILTER = wiring.topic_filter("")  # the EPP's default topicFilter: the prefix of the topic form
 DEFAULT_SOCKET_PORT = 5557
 DEFAULT_ENGINE_TYPE = "vllm"
 DEFAULT_RENDER_URL = "http://localhost:8000"
