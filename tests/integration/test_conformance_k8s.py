@@ -27,7 +27,7 @@ import yaml
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _k8s_render as R  # noqa: E402  pylint: disable=wrong-import-position
 
-from ansible_collections.inference_cache.substrate.plugins.module_utils.epp import decoder as D  # noqa: E402
+from ansible_collections.inference_cache.substrate.plugins.module_utils.kv import router_decoder as D  # noqa: E402
 from ansible_collections.inference_cache.substrate.tools import _kv_synthetic as synthetic  # noqa: E402
 
 FACTS_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "k8s_conformance.yml")
@@ -228,7 +228,7 @@ def _problems(payload):
 
 
 def test_the_collections_decoder_facts_are_the_cited_ones():
-    """plugins/module_utils/epp/decoder.py (what kv_events_check reports) holds exactly the facts cited here."""
+    """plugins/module_utils/kv/router_decoder.py (what kv_events_check reports) holds exactly the facts cited here."""
     ours = D.DECODERS["v0.9.0"]
     assert ours["tag_key"] == DECODER["tag_key"]
     assert [(f["name"], f["kind"], f["optional"]) for f in ours["batch"]] == [

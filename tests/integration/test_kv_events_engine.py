@@ -43,7 +43,7 @@ from ansible_collections.inference_cache.substrate.plugins.module_utils.kv impor
 from ansible_collections.inference_cache.substrate.plugins.module_utils.kv import events as kv
 from ansible_collections.inference_cache.substrate.plugins.module_utils.kv import sockets as kvz
 
-from ansible_collections.inference_cache.substrate.plugins.module_utils.epp import decoder as D
+from ansible_collections.inference_cache.substrate.plugins.module_utils.kv import router_decoder as D
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _engine_lane import ENGINE_PYTHON, ROOT, STATE_DIR  # noqa: E402  pylint: disable=wrong-import-position

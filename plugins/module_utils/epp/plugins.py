@@ -34,7 +34,7 @@ from __future__ import absolute_import, division, print_function
 __metaclass__ = type  # pylint: disable=invalid-name
 
 from ..common import wiring
-from .decoder import KV_CACHE_VERSION
+from ..kv.router_decoder import KV_CACHE_VERSION
 from .schema import ANY, BOOL, GO_DURATION, NANOSECONDS, QUANTITY, STR, enum, fields_at, integer, list_of, map_of, number, obj
 
 # The router version is the collection's one (common/wiring.py); every table below is keyed by it and was read at it.

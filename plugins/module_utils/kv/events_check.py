@@ -27,7 +27,7 @@ import time
 from ..common.errors import CheckError
 from ..common.options import validate
 from ..common.wiring import ROUTER_VERSION
-from ..epp import decoder as router_decoder
+from . import router_decoder
 from . import wire
 from ..http.args import HTTP_ARG_SPEC, client_options, http_problem
 from .args import KV_STREAM_ARG_SPEC, URL_SHAPE

@@ -133,7 +133,7 @@ def test_the_verifier_tool_closure_runs_from_its_files_alone(tmp_path):
     assert files[0] == "tools/cluster_verify.py" and "tools/_loader.py" in files
     for needed in ("plugins/module_utils/kv/__init__.py", "plugins/module_utils/kv/events_check.py",
                    "plugins/module_utils/kv/index_check.py", "plugins/module_utils/http/prefix_cache.py",
-                   "plugins/module_utils/common/wiring.py", "plugins/module_utils/epp/decoder.py"):
+                   "plugins/module_utils/common/wiring.py", "plugins/module_utils/kv/router_decoder.py"):
         assert needed in files, needed
     for unneeded in ("plugins/module_utils/engine/process.py", "plugins/module_utils/epp/config.py",
                      "plugins/module_utils/common/module.py"):
