@@ -303,8 +303,11 @@ RULES = (
                fields=lambda c, s: {"plugin": s.label, "value": show(_param(c.params_of(s.name), "speculativeTTL"))}, final=True),
     _rule("parameter", "parameter", REFUSED, "{where} {message}.", lambda c, s: True, final=True),
     # -- scheduling profiles -------------------------------------------------------------------------------------------
-    _rule("no-scheduling-profiles", "profile list", REFUSED, "schedulingProfiles must be a non-empty list.",
-          lambda c, s: not isinstance(s.profiles, list) or not s.profiles),
+    _rule("no-scheduling-profiles", "profile list", WARNING,
+          "schedulingProfiles is empty: the EPP builds one profile, default, of every filter, scorer and picker declared "
+          "(scorers at weight 1), adds a max-score-picker if none is declared and a single-profile-handler if no handler is; "
+          "name the profile to choose its scorers and weights.",
+          lambda c, s: not s.profiles, source=_R + "pkg/epp/config/loader/defaults.go"),  # run with the real EPP v0.9.0: it starts
     _rule("profile-not-a-mapping", "profile", REFUSED, "schedulingProfiles[{index}] is {value_type}, not a mapping.",
           lambda c, s: not s.mapping, final=True),
     _rule("profile-without-name", "profile", REFUSED, "schedulingProfiles[{index}] has no name.", lambda c, s: not s.named),

@@ -171,7 +171,6 @@ BAD = [
     ("wrong-api-version", lambda c: c.update(apiVersion="llm-d.ai/v1"),
      "apiVersion is 'llm-d.ai/v1' but the router accepts llm-d.ai/v1alpha1."),
     ("wrong-kind", lambda c: c.update(kind="Config"), "kind is 'Config' but must be EndpointPickerConfig."),
-    ("no-profiles", lambda c: c.update(schedulingProfiles=[]), "schedulingProfiles must be a non-empty list."),
     ("plugin-without-type", lambda c: c["plugins"].append({"name": "x"}), "plugins[9] has no type."),
     ("unknown-top-level-field", lambda c: c.update(metadata={"name": "x"}),
      "EndpointPickerConfig field metadata is not a field of llm-d-router v0.9.0's EndpointPickerConfig; the EPP decodes the config "
@@ -518,7 +517,7 @@ def test_wrong_shapes_are_one_sentence_each(name, fn, sentence):
     ("plugins: []", "The EndpointPickerConfig is not a mapping (got str)."),
     ({}, "plugins must be a non-empty list."),
     ({"plugins": None, "schedulingProfiles": None, "dataLayer": None, "apiVersion": None, "kind": None},
-     "schedulingProfiles must be a non-empty list."),
+     "plugins must be a non-empty list."),
 ])
 def test_not_a_config(config, sentence):
     assert sentence in check_epp_config(config).problems
@@ -818,3 +817,25 @@ def test_rule_sources_cite_the_pinned_releases():
     from ansible_collections.inference_cache.substrate.plugins.module_utils.epp.config import RULES
     for rule in RULES:
         assert rule.source is None or rule.source.startswith("llm-d/llm-d-router@v0.9.0:"), rule.name
+
+
+@pytest.mark.parametrize("profiles", [None, []])
+def test_no_scheduling_profiles_is_the_epps_default_profile(profiles):
+    """The EPP v0.9.0 starts without schedulingProfiles (run here: it built profile default of every scorer, weight 1,
+    with the picker declared and a single-profile-handler; pkg/epp/config/loader/defaults.go ensureSchedulingLayer)."""
+    config = {"apiVersion": "llm-d.ai/v1alpha1", "kind": "EndpointPickerConfig",
+              "plugins": [{"type": "load-aware-scorer"}, {"type": "random-picker"}]}
+    if profiles is not None:
+        config["schedulingProfiles"] = profiles
+    result = check_epp_config(config)
+    assert result.epp_starts is True and result.problems == []
+    assert [f["kind"] for f in result.findings] == ["warning"]
+    assert result.findings[0]["sentence"].startswith("schedulingProfiles is empty: the EPP builds one profile, default,")
+
+
+def test_scheduling_profiles_of_another_type_are_refused():
+    config = {"apiVersion": "llm-d.ai/v1alpha1", "kind": "EndpointPickerConfig", "plugins": [{"type": "load-aware-scorer"}],
+              "schedulingProfiles": "default"}
+    result = check_epp_config(config)
+    assert result.epp_starts is False
+    assert "EndpointPickerConfig field schedulingProfiles is a string but must be a list." in result.problems
