@@ -53,6 +53,11 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _loader import module_utils  # noqa: E402  pylint: disable=wrong-import-position
 
 
+def _errors():
+    """The collection's one error type: plugins/module_utils/common/errors.py."""
+    return module_utils("common.errors")
+
+
 def _wiring():
     """The KV-event wiring contract (topic form, router version): plugins/module_utils/common/wiring.py."""
     return module_utils("common.wiring")
@@ -126,7 +131,7 @@ def check_kv_events(ip, args):
     }
     try:
         facts = check.KVEventsCheck(params).run()
-    except check.CheckFailed as exc:
+    except _errors().CheckError as exc:
         return {"ok": False, "msg": exc.msg, "counts": exc.facts.get("counts")}
     return {"ok": True, "msg": "KV events arrived under the pod's own topic.", "counts": facts.get("counts"),
             "topics": facts.get("topics"), "router_decoder": facts.get("router_decoder")}
@@ -349,7 +354,7 @@ def check_kv_index(ips, args):
               "timeout": 4 * args.timeout, "request_timeout": args.timeout}
     try:
         facts = check.KVIndexCheck(params).run()
-    except check.CheckFailed as exc:
+    except _errors().CheckError as exc:
         return {"ok": False, "msg": exc.msg, "requests": exc.facts.get("requests"), "exact": exc.facts.get("exact")}
     return {"ok": True, "msg": "The KV-block index predicted every pod's cached tokens exactly (%d/%d)." % (facts["exact"], facts["requests"]),
             "requests": facts["requests"], "exact": facts["exact"], "summary": facts["summary"]}
@@ -396,7 +401,7 @@ def check_epp_route(ips, args):
 
     try:
         facts = checker.run(warm=warm)
-    except route.CheckError as exc:
+    except _errors().CheckError as exc:
         return {"ok": False, "msg": exc.msg, "picks": exc.facts.get("picks")}
     except module_utils("http.openai").OpenAIHTTPError as exc:
         return {"ok": False, "msg": "The warm request through the router failed: %s." % str(exc).rstrip(".")}

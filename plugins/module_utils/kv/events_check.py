@@ -37,7 +37,6 @@ from .report import KVStats, batch_json_lines
 from .stream import SequenceTracker
 from ..http.openai import OpenAIClient, OpenAIHTTPError, cached_tokens, model_ids
 
-CheckFailed = CheckError  # the name tools/cluster_verify.py and the engine tests still catch
 
 DEFAULT_EXPECT = {"BlockStored": 1}
 DEFAULT_PROMPT = " ".join([

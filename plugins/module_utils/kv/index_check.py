@@ -40,8 +40,6 @@ from .index_approx import ApproxPrefixPredictor, block_hashes, effective_block_s
 from .workload import WORKLOAD_OPTION, build as build_workload
 from ..http.openai import OpenAIClient, OpenAIHTTPError, cached_tokens, model_ids
 
-CheckFailed = CheckError  # the name tools/cluster_verify.py still catches
-
 
 def _engines_problem(engines, name):
     """At least one engine, and the HTTP options of each usable (http_problem's sentences, before the types)."""
