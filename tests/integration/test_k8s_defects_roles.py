@@ -144,7 +144,7 @@ NVDP_CHART = PINS["charts"]["nvidia_device_plugin"]
 ROUTER_CHART = PINS["charts"]["llm_d_router_standalone"]
 ROUTER_HELM = "Apply | install or remove the Helm release (bounded wait)"
 ROUTER_CRDS = "Apply | install the InferencePool CRDs"
-ROUTER_OWN = "Apply | the router's own objects (NodePort Service in front of the proxy)"
+ROUTER_OWN = "Apply | the router's own objects (NodePort Service in front of the proxy, the EPP pod's NetworkPolicy)"
 ENGINES = {"namespace": "inference-cache", "engine_type": "vllm", "model": "Qwen/Qwen3-0.6B", "served_model_name": "Qwen/Qwen3-0.6B",
            "http_port": 8000, "service": "model-server", "kv_events_service": "model-server-kv",
            "selector": {"app.kubernetes.io/name": "model-server"}, "topic": "kv@$(POD_IP):8000@Qwen/Qwen3-0.6B", "block_size": 32,
@@ -557,7 +557,8 @@ def test_router_skip_unavailable_leaves_out_what_cannot_be_had(run):
     assert res["_case_failed"] == ""
     assert (res["router_release_installed"], res["router_crds_installed"]) == (False, False)
     assert calls(run, "router-skipped", ROUTER_HELM) == [] and calls(run, "router-skipped", ROUTER_CRDS) == []
-    assert len(calls(run, "router-skipped", ROUTER_OWN)) == 1, "the NodePort Service does not depend on the chart"
+    own = [c["args"]["definition"]["kind"] for c in calls(run, "router-skipped", ROUTER_OWN)]
+    assert sorted(own) == ["NetworkPolicy", "Service"], "the NodePort Service and the EPP's NetworkPolicy do not depend on the chart"
     said = task_output(run, "Apply | say what is left out")
     assert ("so the InferencePool CRDs and release inference-cache-router were left out: router_chart_ref (a local chart directory, "
             ".tgz or oci:// mirror) or router_chart_repo_url (a repository mirror), and router_crds_src (a local copy of the "
