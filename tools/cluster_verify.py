@@ -393,11 +393,9 @@ def check_epp_route(ips, args):
                            {"name": "cold prompt", "prompt": prefix.make_nonce() + " " + prefix.filler(40, seed=13)}],
               "model": args.model, "settle": args.settle, "timeout": 4 * args.timeout, "request_timeout": args.timeout}
     checker = route.RouteCheck(params)
-    warmed = {}
 
     def warm():
-        model = checker.model or args.model
-        warmed["answer"] = _complete(make_client(args.router_url, args.timeout), model, shared + " first question")
+        _complete(make_client(args.router_url, args.timeout), checker.model or args.model, shared + " first question")
 
     try:
         facts = checker.run(warm=warm)

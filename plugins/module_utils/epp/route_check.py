@@ -21,6 +21,7 @@ from __future__ import absolute_import, division, print_function
 __metaclass__ = type  # pylint: disable=invalid-name
 
 import json
+from urllib.parse import urlsplit
 
 from ..kv.index_approx import block_hashes
 from ..kv.index_check import ENGINE_SPEC, KVIndexCheck
@@ -73,10 +74,9 @@ OPTIONS = {
 
 def url_address(url):
     """``host:port`` of an engine URL (port 80/443 by scheme when absent): how the EPP names an endpoint."""
-    rest = url.split("//", 1)[1].split("/", 1)[0]
-    if rest.startswith("[") and "]:" in rest or not rest.startswith("[") and ":" in rest:
-        return rest
-    return "%s:%d" % (rest, 443 if url.lower().startswith("https") else 80)
+    parts = urlsplit(url)
+    host = "[%s]" % parts.hostname if ":" in parts.hostname else parts.hostname
+    return "%s:%d" % (host, parts.port or (443 if parts.scheme.lower() == "https" else 80))
 
 
 class RouteCheck(KVIndexCheck):
@@ -94,11 +94,12 @@ class RouteCheck(KVIndexCheck):
     def facts(self):
         held = [p for p in self.picks if p["holds_longest"]]
         warm = [p for p in self.picks if p["longest_tokens"]]
+        epp = self.params.get("epp")
         facts = {
             "changed": False,
             "model": self.model,
             "block_size": self.block_size,
-            "epp": (self.params.get("epp") or {}).get("address") if isinstance(self.params.get("epp"), dict) else None,
+            "epp": epp.get("address") if isinstance(epp, dict) else None,
             "requests": len(self.picks),
             "holds_longest": len(held),
             "warm_requests": len(warm),
