@@ -8,7 +8,7 @@ export ANSIBLE_FORCE_COLOR := 0
 export PY_COLORS := 0
 export NO_COLOR := 1
 
-.PHONY: help setup site verify teardown render kubernetes kwok kwok-teardown test sanity units pytest integration engine lint molecule molecule-destroy build changelog argspecs bench bench-routing freeze clean
+.PHONY: help setup site verify teardown render kubernetes kwok kwok-teardown test sanity units pytest integration engine lint molecule molecule-destroy build changelog argspecs bench bench-routing study-routing freeze clean
 
 help:  ## List the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-17s %s\n", $$1, $$2}'
@@ -86,14 +86,30 @@ argspecs: setup  ## meta/argument_specs.yml of every role matches its defaults/m
 bench: setup  ## Benchmarks (print numbers; not part of `make test`)
 	@for b in benchmarks/bench_*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
 
-# Two engines of playbooks/kv_index.yml on ports of their own (not those of `make test`: 8000, 8300-8301, 5557-5558, 5700-5703).
-BENCH_ROUTING_ENGINES := -e '{"kv_index_engines": [{"instance": "bench-a", "port": 8400, "kv_events_port": 5800, "replay_port": 5801}, {"instance": "bench-b", "port": 8401, "kv_events_port": 5802, "replay_port": 5803}]}'
+# Two engines of playbooks/kv_index.yml on ports of their own (not those of `make test`: 8000, 8300-8301, 5557-5558, 5700-5703);
+# the second on 127.0.0.2 (the EPP tells endpoints apart by address and dials one KV port on each: 5810, through relays),
+# both with --enable-scale-out (the EPP's token producer reads /v1/completions/render).
+BENCH_ROUTING_JSON := {"kv_index_engines": [{"instance": "bench-a", "port": 8400, "kv_events_port": 5800, "replay_port": 5801}, {"instance": "bench-b", "host": "127.0.0.2", "port": 8401, "kv_events_port": 5802, "replay_port": 5803}], "local_engine_extra_args": ["--enable-scale-out"], "local_engine_env": {"VLLM_SERVER_DEV_MODE": "1"}}
+BENCH_ROUTING_FILE := $(CURDIR)/out/bench-routing/engines.json
+BENCH_ROUTING_ENGINES := -e @$(BENCH_ROUTING_FILE)
+# The restart workload stops and starts one engine part way ({engine}: its instance name).
+BENCH_RESTART := $(BIN)/ansible-playbook playbooks/kv_index.yml $(BENCH_ROUTING_ENGINES) -e kv_index_only={engine} -e kv_index_run_check=false
+BENCH_EPP_DIR := $(CURDIR)/out/bench-routing/epp
+BENCH_EPP_RENDER := -e bench_epp_dir=$(BENCH_EPP_DIR) -e bench_epp_token_url=http://127.0.0.1:8400 \
+  -e '{"bench_epp_engine": {"served_model_name": "tiny", "block_size": 32, "hash_seed": "0", "topic": "kv@127.0.0.1:8400@tiny", "kv_events_port": 5810}}'
+BENCH_EPP_CONFIGS := $(foreach m,precise precise-speculative approximate approximate-equal,--epp-config $(m)=$(BENCH_EPP_DIR)/$(m)/router/epp-config.yaml)
 
-bench-routing: setup  ## Routing policies (precise, approximate, load-only, random) on two real engines, started on 8400-8401 and stopped at the end (ARGS: more options)
-	@rc=0; stop() { $(BIN)/ansible-playbook playbooks/kv_index.yml $(BENCH_ROUTING_ENGINES) -e kv_index_state=absent || { [ $$rc != 0 ] || rc=1; }; }; \
+bench-routing: setup  ## Routing policies on two real engines (8400-8401, stopped at the end): the stand-in router, and the real EPP beside it given EPP=<binary> or SUBSTRATE_EPP_BINARY (ARGS: more options)
+	@mkdir -p $(dir $(BENCH_ROUTING_FILE)) && printf '%s\n' '$(BENCH_ROUTING_JSON)' > $(BENCH_ROUTING_FILE); \
+	rc=0; stop() { $(BIN)/ansible-playbook playbooks/kv_index.yml $(BENCH_ROUTING_ENGINES) -e kv_index_state=absent || { [ $$rc != 0 ] || rc=1; }; }; \
 	trap 'stop; exit $$rc' EXIT; trap 'rc=130; exit' INT TERM; \
+	$(BIN)/ansible-playbook benchmarks/epp_configs.yml $(BENCH_EPP_RENDER) || { rc=$$?; exit; }; \
 	$(BIN)/ansible-playbook playbooks/kv_index.yml $(BENCH_ROUTING_ENGINES) -e kv_index_run_check=false || { rc=$$?; exit; }; \
-	$(BIN)/python benchmarks/bench_routing.py --require $(ARGS) || rc=$$?
+	$(BIN)/python benchmarks/bench_routing.py --require $(if $(EPP),--epp $(EPP)) $(BENCH_EPP_CONFIGS) \
+	  --restart-command "$(BENCH_RESTART) -e kv_index_state=absent && $(BENCH_RESTART) -e kv_index_state=present" $(ARGS) || rc=$$?
+
+study-routing: setup  ## The routing study: every workload of bench-routing, every policy, three seeds, into out/bench-routing/study (table, plots; EPP= as above)
+	@$(MAKE) --no-print-directory bench-routing ARGS="--workload all --repeats 3 --report $(CURDIR)/out/bench-routing/study $(ARGS)"
 
 # The first build fetches github.com/llm-d/llm-d-kv-cache v0.9.0 and its modules through the Go module proxy (go.sum pins them).
 .PHONY: kvcache-probe

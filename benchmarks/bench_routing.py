@@ -4,27 +4,49 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
 
-"""Prefix-cache routing policies on real vLLM engines: precise, approximate, load-only, random.
+"""Prefix-cache routing policies on real vLLM engines: the collection's stand-in router, and the real llm-d EPP beside it.
 
-This measures the routing claim on real engines with the collection's own index standing in for the router:
-the llm-d EPP cannot be built here (the Go module proxy refuses github.com/llm-d/*), so each request is
-routed by this script to ONE of the engines by one of four policies:
+This measures the routing claim on real engines. Each request is routed to ONE of the engines, by the
+collection's stand-in router (its own index in the llm-d EPP's place) under one of five policies:
 
 * precise: the engine with the most predicted cached tokens in the KV-block index built from the engines' KV
   events (``kv/index_check.KVIndexCheck``: copies counted, what ``kv_index_check`` proves exact);
+* precise-speculative: precise, plus, for ``SPECULATIVE_TTL`` seconds after each pick, the picked engine counted
+  as holding the prompt's blocks (the EPP's ``speculativeIndexing``: a request routed before its same-prefix
+  predecessor's KV events arrive follows it);
 * approximate: the engine with the most matched blocks in ``kv/index_approx.ApproxPrefixPredictor``, the
   model of llm-d's approx-prefix-cache-producer (routing history only, character blocks, an LRU of
   ``num_gpu_blocks`` entries per engine), fed with its own routing decisions;
-* load-only: the engine with the fewest requests sent so far (requests are sequential: round robin);
+* load-only: the engine with the fewest requests sent so far (round robin);
 * random: a seeded random engine.
 
-Ties are broken the same way in every policy: fewest requests sent so far in this configuration, then name.
+Ties are broken the same way in every stand-in policy: fewest requests sent so far in this configuration, then name.
 
-The workload is multi-tenant: tenants (prompt families) with a long shared prefix each, picked with a Zipf
-skew, each request a new question or a follow-up that extends the tenant's conversation; together the
-prefixes hold more blocks than an engine's KV cache. Every configuration gets its own prompt families: the same
-prompts (same tenants, sequence, follow-ups, token counts) behind a per-configuration tag of equal token length
-in the first block ("run 1 <nonce>:", "run 2 <nonce>:", ...). Block hashes chain, so no block of one
+Given an EPP binary (``--epp``, or ``SUBSTRATE_EPP_BINARY``; ``make bench-routing EPP=...``), the same workload also
+goes through the real llm-d EPP, one policy ``epp:NAME`` per ``--epp-config NAME=PATH`` (``make bench-routing``
+renders the router role's precise, precise-speculative, approximate and approximate-equal (all scorer weights 1)
+configs with ``benchmarks/epp_configs.yml``):
+a fresh EPP per configuration, with file discovery over the engines (``tools/_epp_local.py``), asked for its pick
+over ext_proc exactly as Envoy asks (``epp/extproc.ask_pick``: headers and body, the pick read from
+``x-gateway-destination-endpoint``), and the request then sent to the picked engine. The EPP runs in a network
+namespace whose only interface is loopback (it listens on every interface and has no bind flag);
+``--epp-listen-all`` runs it unconfined. Each engine connects to its KV-event endpoint; a relay binds it and
+republishes at ``tcp://<engine address>:<--kv-port>``, the one port the EPP's precise producer dials per endpoint
+(``podDiscoveryConfig.socketPort``), which this script subscribes to as well. The second engine runs on 127.0.0.2
+(the EPP tells endpoints apart by address and dials one KV port on each) and every engine with
+``--enable-scale-out`` (the token producer reads ``/v1/completions/render``, 403 without it).
+
+Workloads are named (``--workload``, ``WORKLOADS``; ``all`` runs every one) and parameterised: tenants (prompt
+families) with a long shared prefix each, picked with a Zipf skew, each request a new question or a follow-up that
+extends the tenant's conversation; a share of one-shot cold prompts; bursts of same-tenant requests sent
+together; concurrent workers; a working set stated as a multiple of the engines' KV caches together (the prefix
+length is fitted to it with the engines' tokenizer); a reset of every engine's prefix cache part way (vLLM's
+``/reset_prefix_cache``, a development endpoint: the engines run with ``VLLM_SERVER_DEV_MODE=1``, on loopback);
+two routers sharing the engines, requests alternating between them (two EPP processes; two stand-in approximate
+histories, while the precise stand-ins read the same events). ``--repeats N`` runs each workload with N seeds,
+and the report gives mean and spread (min to max) over them. Every configuration gets its own prompt families: the
+same prompts (same tenants, sequence, follow-ups, token counts for one seed) behind a per-configuration tag of equal
+token length in the first block ("r12345:"). Block hashes chain, so no block of one
 configuration matches another's and what an earlier configuration left in the caches cannot help a later one
 (it is evicted like any cold block); the engines are not restarted between configurations (a start takes 45 to
 150 s per engine on the 2-core machine here). The script checks that the token counts agree.
@@ -33,28 +55,42 @@ Per configuration: the prefix-cache hit rate from the engines' own counters (del
 ``vllm:prefix_cache_hits_total`` / ``vllm:prefix_cache_queries_total`` on /metrics, in tokens), the cached
 tokens per request (``usage.prompt_tokens_details.cached_tokens``), how often the chosen engine held the
 longest cached prefix (refereed by the exact index, copies counted, read just before the request; the index's
-prediction for the chosen engine is checked against what it then reports), time to first token measured by
+prediction for the chosen engine is checked against what it then reports, in sequential workloads), time to first token measured by
 streaming (p50/p90; requests ask for ``max_tokens`` tokens, 1 by default, so the whole request takes about
 as long), requests failed. Configurations run one after the other, so load from other processes on the
 machine affects their latencies unevenly.
 
-``make bench-routing`` starts two engines through ``playbooks/kv_index.yml`` on ports 8400/8401 (events
-5800/5802, replay 5801/5803), runs this with ``--require`` and stops them. Without engines (``make bench``) it
-prints that it skipped and exits 0.
+With more than one workload or seed (or ``--report DIR``) the study is written to a folder
+(``benchmarks/_study_report.py``): every run as JSON lines, the summary, ``report.md`` with a table per workload,
+and plots of hit rate and TTFT per policy per workload with their spread (SVG).
 
-  .venv/bin/python benchmarks/bench_routing.py [--engine NAME=PORT,EVENTS_PORT,REPLAY_PORT ...] [--requests 80]
-      [--tenants 16] [--policies precise,approximate,load-only,random] [--seed 0] [--json] [--require]
+``make bench-routing`` starts two engines through ``playbooks/kv_index.yml`` on ports 8400/8401 (events
+5800/5802, replay 5801/5803), runs this with ``--require`` and stops them; ``make study-routing`` runs every
+workload with three seeds into ``out/bench-routing/study``. Without engines (``make bench``) it prints that it
+skipped and exits 0.
+
+  .venv/bin/python benchmarks/bench_routing.py [--engine NAME=[HOST:]PORT,EVENTS_PORT,REPLAY_PORT ...] [--requests 80]
+      [--workload bench|NAME,...|all] [--repeats 1] [--report DIR] [--policies precise,...] [--seed 0] [--json] [--require]
+      [--tenants N] [--prefix-words N] [--zipf X] [--follow-up X]
+      [--epp BINARY --epp-config NAME=PATH ... [--kv-port 5810] [--epp-listen-all]]
 """
 
 from __future__ import absolute_import, division, print_function
 
 import argparse
+import collections
+import concurrent.futures
+import contextlib
 import json
 import os
 import random
 import re
+import subprocess
 import sys
+import tempfile
 import time
+
+import yaml
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tools"))
 from _loader import module_utils  # noqa: E402  pylint: disable=wrong-import-position
@@ -66,9 +102,14 @@ workload_mod = module_utils("kv.workload")
 http = module_utils("http.openai")
 wiring = module_utils("common.wiring")
 errors = module_utils("common.errors")
+extproc = route_check = None   # epp.extproc and epp.route_check (grpcio, xds-protos), imported when an EPP is given
+import _epp_local  # noqa: E402  pylint: disable=wrong-import-position
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _study_report as study_report  # noqa: E402  pylint: disable=wrong-import-position
 
-POLICIES = ("precise", "approximate", "load-only", "random")
-DEFAULT_ENGINES = ("bench-a=8400,5800,5801", "bench-b=8401,5802,5803")
+POLICIES = ("precise", "precise-speculative", "approximate", "load-only", "random")
+SPECULATIVE_TTL = 2.0   # seconds: the router role's router_speculative_ttl default (2s)
+DEFAULT_ENGINES = ("bench-a=8400,5800,5801", "bench-b=127.0.0.2:8401,5802,5803")
 COUNTER_RE = re.compile(r"^(vllm:prefix_cache_(?:hits|queries)_total)(?:\{[^}]*\})?\s+(\S+)\s*$", re.M)
 
 
@@ -76,36 +117,80 @@ def words(rng, count):
     return " ".join("".join(rng.choice(workload_mod.SYLLABLES) for _i in range(rng.randint(1, 3))) for _j in range(count))
 
 
-class Request:
-    __slots__ = ("index", "tenant", "kind", "prompt")
+# Named workloads (--workload NAME, or "all"): what each sets over DEFAULTS. working_set: the prefixes' words are
+# fitted so that the distinct full blocks of the prompts are that multiple of the engines' KV caches together.
+DEFAULTS = {"tenants": 16, "prefix_words": 48, "zipf": 1.0, "follow_up": 0.3, "max_turns": 4, "cold": 0.0, "burst": 1,
+            "workers": 1, "routers": 1, "reset_at": None, "restart_at": None, "working_set": None}
+WORKLOADS = {
+    "bench": {},
+    "pressure": {"tenants": 12, "working_set": 1.9},
+    "hot-cold": {"tenants": 2, "cold": 0.5},
+    "bursts": {"burst": 4},
+    "pressure-concurrent": {"tenants": 12, "working_set": 1.9, "workers": 4},
+    "reset": {"tenants": 12, "working_set": 1.9, "reset_at": 0.5},
+    "restart": {"tenants": 12, "working_set": 1.9, "restart_at": 0.5},
+    "two-routers": {"tenants": 12, "working_set": 1.9, "routers": 2},
+}
+WORKLOAD_NOTES = {
+    "bench": "16 tenants (Zipf 1.0), 48-word prefixes, 30% follow-ups, one request at a time",
+    "pressure": "12 tenants (Zipf 1.0), prefixes fitted to a working set of 1.9x both KV caches, one at a time",
+    "hot-cold": "2 hot tenants, half of the requests one-shot cold prompts of their own, one at a time",
+    "bursts": "bursts of 4 concurrent requests of one tenant (new questions on its prefix), a burst at a time",
+    "pressure-concurrent": "the pressure sequence from 4 concurrent workers",
+    "reset": "the pressure sequence; every engine's prefix cache reset half way (vLLM sends AllBlocksCleared)",
+    "restart": "the pressure sequence; the last engine stopped and started again half way (its cache starts empty)",
+    "two-routers": "the pressure sequence, requests alternating between two routers sharing the engines",
+}
 
-    def __init__(self, index, tenant, kind, prompt):
+
+def workload_spec(name, **overrides):
+    spec = dict(DEFAULTS, **WORKLOADS[name]) if name in WORKLOADS else dict(DEFAULTS)
+    spec.update(dict((k, v) for k, v in overrides.items() if v is not None))
+    return spec
+
+
+class Request:
+    __slots__ = ("index", "tenant", "kind", "prompt", "group")
+
+    def __init__(self, index, tenant, kind, prompt, group=None):
         self.index = index
         self.tenant = tenant
         self.kind = kind
         self.prompt = prompt
+        self.group = group
 
 
-def build_workload(tag, requests, tenants, prefix_words, seed, zipf=1.0, follow_up=0.3, max_turns=4):
+def build_workload(tag, requests, spec, seed):
     """The requests of one configuration, from ``seed``; every prompt starts with ``tag``.
 
-    Configurations get the same prompts after a tag of the same token length ("run 1 <nonce>:", "run 2 <nonce>:"):
-    the tag is in every prompt's first block, and block hashes chain, so no block of one configuration matches
-    another's, while token counts, tenants, follow-ups and lengths are the same.
+    Configurations get the same prompts after a tag of the same token length ("r12345:"): the tag is in every
+    prompt's first block, and block hashes chain, so no block of one configuration matches another's, while token
+    counts, tenants, follow-ups and lengths are the same for one seed.
     """
     rng = random.Random(seed)
-    prefixes = ["%s tenant %d: %s" % (tag, t, words(rng, prefix_words)) for t in range(tenants)]
-    weights = [1.0 / (t + 1) ** zipf for t in range(tenants)]
+    tenants = int(spec["tenants"])
+    prefixes = ["%s tenant %d: %s" % (tag, t, words(rng, int(spec["prefix_words"]))) for t in range(tenants)]
+    weights = [1.0 / (t + 1) ** float(spec["zipf"]) for t in range(tenants)]
     conversations = {}
     out = []
-    for idx in range(requests):
+    group = 0
+    while len(out) < requests:
+        group += 1
+        if spec["cold"] and rng.random() < float(spec["cold"]):
+            prompt = "%s cold %d: %s\nQ: %s?" % (tag, group, words(rng, int(spec["prefix_words"])), words(rng, rng.randint(4, 14)))
+            out.append(Request(len(out) + 1, "cold-%d" % group, "cold", prompt, group))
+            continue
         tenant = rng.choices(range(tenants), weights)[0]
-        turns, convo = conversations.get(tenant, (0, ""))
-        follow = 0 < turns < max_turns and rng.random() < follow_up
-        question = "\nQ%d: %s?" % (idx, words(rng, rng.randint(4, 14)))
-        turns, convo = (turns + 1, convo + question) if follow else (1, question)
-        conversations[tenant] = (turns, convo)
-        out.append(Request(idx + 1, tenant, "follow-up" if follow else "new", prefixes[tenant] + convo))
+        for _i in range(max(1, int(spec["burst"]))):
+            if len(out) >= requests:
+                break
+            idx = len(out)
+            turns, convo = conversations.get(tenant, (0, ""))
+            follow = spec["burst"] <= 1 and 0 < turns < int(spec["max_turns"]) and rng.random() < float(spec["follow_up"])
+            question = "\nQ%d: %s?" % (idx, words(rng, rng.randint(4, 14)))
+            turns, convo = (turns + 1, convo + question) if follow else (1, question)
+            conversations[tenant] = (turns, convo)
+            out.append(Request(idx + 1, tenant, "follow-up" if follow else "new", prefixes[tenant] + convo, group))
     return out
 
 
@@ -131,19 +216,28 @@ def prefix_counters(metrics_text):
 
 
 class RoutingBench(check.KVIndexCheck):
-    """KVIndexCheck's subscriptions, index and tokenizer; each request goes to ONE engine chosen by a policy."""
+    """KVIndexCheck's subscriptions, index and tokenizer; each request goes to ONE engine chosen by a policy.
 
-    def __init__(self, params, policies, workloads, seed=0):
+    ``configs``: ``[(label, policy, workload spec, requests)]``, run in order; ``run()`` returns one row each.
+    """
+
+    def __init__(self, params, configs, seed=0, epp=None, restart_command=None):
         super(RoutingBench, self).__init__(params)
-        self.policies = policies
-        self.workloads = workloads
+        self.restart_command = restart_command
+        self.configs = configs
         self.seed = seed
+        self.epp = epp   # EPPLane or None
         self.rows = []
         self.state = None
         self.token_counts = {}
+        self.pool = None
         # KVIndexCheck's own, set again for pylint (it does not see the base class through tools/_loader.py)
         self.start = self.deadline = None
         self.engines, self.by_name = [], {}
+
+    @property
+    def policies(self):
+        return [policy for _label, policy, _spec, _requests in self.configs]
 
     def run(self):
         """KVIndexCheck.run's steps, with the configurations in place of its workload; returns one row per configuration."""
@@ -153,10 +247,25 @@ class RoutingBench(check.KVIndexCheck):
             if not model:
                 host, port = pod.rsplit(":", 1)
                 engine.source.topic = wiring.kv_topic(host, port, self.model, prefix)
-        with self.listening():
+        if self.epp is not None:
+            self.epp.check_configs(self.block_size)
+        with self.listening(), concurrent.futures.ThreadPoolExecutor(8) as pool:
+            if callable(self.configs):
+                self.configs = self.configs(self)   # the plan needs the engines' tokenizer and cache sizes
+            self.pool = pool
             self.settle()
-            for policy in self.policies:
-                self.rows.append(self.run_policy(policy, self.workloads[policy]))
+            for label, policy, spec, requests in self.configs:
+                if policy.startswith("epp:"):
+                    with self.epp.router(policy[4:], count=int(spec["routers"])):
+                        row = self.run_policy(policy, requests, spec)
+                else:
+                    row = self.run_policy(policy, requests, spec)
+                row.update(label=label, workload=spec.get("name", "custom"), seed=spec.get("seed", self.seed))
+                self.rows.append(row)
+                sys.stderr.write("bench_routing: %d/%d %s: hit rate %s, %.0f s\n" % (
+                    len(self.rows), len(self.configs), label, fmt(None if row["hit_rate"] is None else 100.0 * row["hit_rate"], "%.1f%%"),
+                    row["elapsed_s"]))
+                sys.stderr.flush()
         return self.rows
 
     def counters(self):
@@ -171,95 +280,238 @@ class RoutingBench(check.KVIndexCheck):
     def removed(self):
         return dict((e.name, self.index.engines[e.name].removed_blocks if e.name in self.index.engines else 0) for e in self.engines)
 
-    def run_policy(self, policy, requests):
+    def distinct_blocks(self, requests):
+        """Distinct full-block keys of the prompts (the working set), by the engines' own tokenizer."""
+        keys = set()
+        for step in requests:
+            keys.update(self.index.prompt_keys(self.tokenize(self.engines[0], step.prompt)))
+        return len(keys)
+
+    def cache_blocks(self):
+        return sum(int(e.num_gpu_blocks or 0) for e in self.engines)
+
+    def run_policy(self, policy, requests, spec):
         names = sorted(e.name for e in self.engines)
+        routers = max(1, int(spec["routers"]))
         self.state = {
             "policy": policy,
+            "spec": spec,
+            "routers": routers,
             "sent": dict((n, 0) for n in names),
-            "rng": random.Random(self.seed),
-            "approx": approx_mod.ApproxPrefixPredictor(approx_mod.effective_block_size(self.block_size)),
+            "rng": random.Random(spec.get("seed", self.seed)),
+            "approx": [approx_mod.ApproxPrefixPredictor(approx_mod.effective_block_size(self.block_size)) for _r in range(routers)],
+            "speculative": [dict((n, {}) for n in names) for _r in range(routers)],
             "records": [],
             "failed": 0,
             "failures": [],
             "keys": set(),
+            "resets": 0,
         }
-        for engine in self.engines:
-            self.state["approx"].set_capacity(engine.name, engine.num_gpu_blocks)
+        for approx in self.state["approx"]:
+            for engine in self.engines:
+                approx.set_capacity(engine.name, engine.num_gpu_blocks)
         self.settle()
+        self.state["counted"] = []   # (before, after) counter readings: an engine restart starts its counters again
         before, removed_before, start = self.counters(), self.removed(), self.clock()
-        for request in requests:
-            self.run_step(request)
+        self.state["before"] = before
+        reset_at = int(len(requests) * float(spec["reset_at"])) if spec.get("reset_at") is not None else None
+        restart_at = int(len(requests) * float(spec["restart_at"])) if spec.get("restart_at") is not None else None
+        if int(spec["workers"]) > 1 or int(spec["burst"]) > 1:
+            self.run_concurrent(requests, max(int(spec["workers"]), int(spec["burst"])), reset_at)
+        else:
+            for i, request in enumerate(requests):
+                if i == reset_at:
+                    self.reset_caches()
+                if i == restart_at:
+                    self.restart_engine(self.engines[-1])
+                routed = self.route(request)
+                if routed is not None:
+                    self.finish(routed, *self.send(routed))
         self.settle()
         after, removed_after, elapsed = self.counters(), self.removed(), self.clock() - start
-        return self.row(policy, before, after, removed_before, removed_after, elapsed)
+        return self.row(policy, self.state["counted"] + [(self.state["before"], after)], removed_before, removed_after, elapsed)
 
-    def choose(self, policy, precise, approx_blocks):
-        """ONE engine by policy; ties: fewest requests sent so far in this configuration, then name."""
+    def run_concurrent(self, requests, workers, reset_at):
+        """Up to ``workers`` requests in flight; requests of one burst (group) are routed together, a burst at a time."""
+        pending = []
+        queue = list(requests)
+        bursts = int(self.state["spec"]["burst"]) > 1
+        done_count = 0
+        while queue or pending:
+            while queue and len(pending) < workers and (not bursts or not pending or queue[0].group == pending[0][0].step.group):
+                if done_count + len(pending) == reset_at and not pending:
+                    self.reset_caches()
+                    reset_at = None
+                elif done_count + len(pending) == reset_at:
+                    break
+                routed = self.route(queue.pop(0))
+                if routed is not None:
+                    pending.append((routed, self.pool.submit(self.send, routed)))
+                else:
+                    done_count += 1
+            self.consumer.poll(0.02)
+            self.drain()
+            still = []
+            for routed, future in pending:
+                if future.done():
+                    self.finish(routed, *future.result())
+                    done_count += 1
+                else:
+                    still.append((routed, future))
+            pending = still
+            if bursts and not pending and queue:
+                self.settle()   # the burst is done: its blocks are in the index before the next burst is routed
+
+    def reset_caches(self):
+        """POST /reset_prefix_cache on every engine (vLLM's development endpoint), then wait for its events."""
+        for engine in self.engines:
+            for _attempt in range(20):
+                try:
+                    answer = engine.client.post_json("/reset_prefix_cache", {})
+                except http.OpenAIHTTPError as exc:
+                    raise errors.CheckError("Cannot reset %s's prefix cache (%s); the reset workload needs the engines' development "
+                                            "endpoints (VLLM_SERVER_DEV_MODE=1, which make bench-routing sets)." % (engine.name, exc))
+                if not isinstance(answer, dict) or answer.get("success", True):
+                    break
+                time.sleep(0.2)   # blocks still held by a request: vLLM asks to retry
+        self.state["resets"] += 1
+        self.settle()
+
+    def restart_engine(self, engine):
+        """Stop and start ``engine`` with the restart command; wait until it answers again and its events settle."""
+        if not self.restart_command:
+            raise errors.CheckError("The restart workload needs --restart-command (make bench-routing passes one).")
+        command = self.restart_command.replace("{engine}", engine.name)
+        self.settle()
+        self.state["counted"].append((self.state["before"], self.counters()))
+        try:
+            run = subprocess.run(command, shell=True, capture_output=True, text=True, timeout=900, check=False)
+        except subprocess.TimeoutExpired:
+            raise errors.CheckError("Restarting %s took more than 900 s: %s" % (engine.name, command))
+        if run.returncode != 0:
+            tail = " ".join((run.stdout + run.stderr).split()[-40:])
+            raise errors.CheckError("Restarting %s failed (exit %d): ...%s" % (engine.name, run.returncode, tail))
+        deadline = self.clock() + 300
+        while reachable(engine.spec):
+            if self.clock() > deadline:
+                raise errors.CheckError("%s did not answer within 300 s of its restart." % engine.name)
+            time.sleep(1)
+        self.state["restarts"] = self.state.get("restarts", 0) + 1
+        self.settle()
+        self.state["before"] = self.counters()
+
+    def speculative_tokens(self, router, name, keys, prompt_tokens):
+        now = self.clock()
+        held = self.state["speculative"][router][name]
+        count = 0
+        for key in keys:
+            if held.get(key, 0) <= now:
+                break
+            count += 1
+        return kv_index.predicted_cached_tokens(count, prompt_tokens, self.block_size)
+
+    def choose(self, policy, router, scores, body):
+        """ONE engine by policy; stand-in ties: fewest requests sent so far in this configuration, then name."""
         sent = self.state["sent"]
         names = sorted(sent)
+        if policy.startswith("epp:"):
+            address = self.epp.current[router % len(self.epp.current)].address
+            picked = extproc.ask_pick(address, json.dumps(body).encode("utf-8"), timeout=30.0)["picked"]
+            for engine in self.engines:
+                if route_check.url_address(engine.spec["url"]) == picked:
+                    return engine.name
+            raise errors.CheckError("The EPP picked %s, which is none of the engines (%s)." % (
+                picked, ", ".join(e.spec["url"] for e in self.engines)))
         if policy == "random":
             return self.state["rng"].choice(names)
-        if policy == "precise":
-            scores = precise
-        elif policy == "approximate":
-            scores = approx_blocks
-        else:
-            scores = {}
         return min(names, key=lambda n: (-scores.get(n, 0), sent[n], n))
 
-    def run_step(self, step):
+    def route(self, step):
+        """Decide where ``step`` goes (this thread reads the events); None when the router failed (counted)."""
         policy = self.state["policy"]
-        self.drain()   # the previous step settled: nothing should be pending, but apply anything that is
+        router = (step.index - 1) % self.state["routers"]
+        self.drain()   # apply whatever arrived: in sequence the previous step settled, concurrently it did not
         tokens = self.tokenize(self.engines[0], step.prompt)   # one model, one tokenizer on every engine
         keys = self.index.prompt_keys(tokens)
         self.state["keys"].update(keys)
-        self.token_counts.setdefault(policy, []).append(len(tokens))
+        self.token_counts.setdefault((self.state["spec"].get("name"), self.state["spec"].get("seed"), policy), []).append(len(tokens))
         precise = dict((e.name, kv_index.predicted_cached_tokens(self.index.lookup(e.name, keys), len(tokens), self.block_size))
                        for e in self.engines)
-        approx = self.state["approx"]
+        approx = self.state["approx"][router]
         hashes = approx_mod.block_hashes(step.prompt, approx.block_size, self.model) if policy == "approximate" else None
-        approx_blocks = approx.match(hashes) if hashes is not None else {}
-        name = self.choose(policy, precise, approx_blocks)
+        if policy == "approximate":
+            scores = approx.match(hashes)
+        elif policy == "precise-speculative":
+            scores = dict((n, max(v, self.speculative_tokens(router, n, keys, len(tokens)))) for n, v in precise.items())
+        elif policy == "precise":
+            scores = precise
+        else:
+            scores = {}
+        body = {"model": self.model, "prompt": step.prompt, "max_tokens": int(self.params.get("max_tokens") or 1),
+                "temperature": 0}
+        try:
+            name = self.choose(policy, router, scores, body)
+        except errors.CheckError as exc:
+            self.state["failed"] += 1
+            if len(self.state["failures"]) < 3:
+                self.state["failures"].append("request %d: %s" % (step.index, exc.msg))
+            return None
         engine = self.by_name[name]
         self.state["sent"][name] += 1
         engine.requests += 1
         if hashes is not None:
             approx.routed(name, hashes)   # the producer records the decision before the response (PreRequest)
-        since = engine.source.activity
-        body = {"model": self.model, "prompt": step.prompt, "max_tokens": int(self.params.get("max_tokens") or 1),
-                "temperature": 0}
+        if policy == "precise-speculative":
+            expiry = self.clock() + SPECULATIVE_TTL
+            for key in keys:   # what the EPP's speculative indexing adds at PreRequest, until the engine's events confirm it
+                self.state["speculative"][router][name][key] = expiry
+        return _Routed(step, name, len(tokens), precise, body, engine.source.activity)
+
+    def send(self, routed):
+        """The request to the chosen engine (any thread): ``(answer, error)``."""
+        engine = self.by_name[routed.name]
         try:
-            answer = engine.client.stream_completion(body)
+            answer = engine.client.stream_completion(routed.body)
             usage = answer.get("usage") or {}
-            reported = http.cached_tokens(usage)
-            if reported is None or usage.get("prompt_tokens") != len(tokens):
+            if http.cached_tokens(usage) is None or usage.get("prompt_tokens") != routed.tokens:
                 raise http.OpenAIHTTPError("no cached_tokens, or prompt_tokens %r for %d tokenized" % (
-                    usage.get("prompt_tokens"), len(tokens)))
+                    usage.get("prompt_tokens"), routed.tokens))
         except http.OpenAIHTTPError as exc:
+            return None, exc
+        return answer, None
+
+    def finish(self, routed, answer, error):
+        step, name = routed.step, routed.name
+        sequential = self.state["spec"]["workers"] <= 1 and self.state["spec"]["burst"] <= 1
+        if error is not None:
             self.state["failed"] += 1
             if len(self.state["failures"]) < 3:
-                self.state["failures"].append("request %d to %s: %s" % (step.index, name, exc))
-            self.settle()
+                self.state["failures"].append("request %d to %s: %s" % (step.index, name, error))
+            if sequential:
+                self.settle()
             return
-        best = max(precise.values())
+        reported = http.cached_tokens(answer.get("usage") or {})
+        best = max(routed.precise.values())
         self.state["records"].append({
-            "engine": name, "kind": step.kind, "prompt_tokens": len(tokens), "cached": reported,
-            "predicted": precise[name], "best": best, "held_longest": precise[name] == best,
+            "engine": name, "kind": step.kind, "prompt_tokens": routed.tokens, "cached": reported,
+            "predicted": routed.precise[name], "best": best, "held_longest": routed.precise[name] == best,
             "ttft": answer["ttft"], "latency": answer["latency"], "index": step.index, "tenant": step.tenant,
         })
-        expect_store = (len(tokens) // self.block_size) * self.block_size > reported
-        self.settle(wait_for=engine if expect_store else None, since=since)
+        if sequential:
+            expect_store = (routed.tokens // self.block_size) * self.block_size > reported
+            self.settle(wait_for=self.by_name[name] if expect_store else None, since=routed.since)
 
-    def row(self, policy, before, after, removed_before, removed_after, elapsed):
+    def row(self, policy, counted, removed_before, removed_after, elapsed):
         recs = self.state["records"]
         hits = queries = 0.0
         counters_ok = True
-        for name in before:
-            if before[name] is None or after.get(name) is None:
-                counters_ok = False
-                continue
-            hits += after[name]["vllm:prefix_cache_hits_total"] - before[name]["vllm:prefix_cache_hits_total"]
-            queries += after[name]["vllm:prefix_cache_queries_total"] - before[name]["vllm:prefix_cache_queries_total"]
+        for before, after in counted:
+            for name in before:
+                if before[name] is None or after.get(name) is None:
+                    counters_ok = False
+                    continue
+                hits += after[name]["vllm:prefix_cache_hits_total"] - before[name]["vllm:prefix_cache_hits_total"]
+                queries += after[name]["vllm:prefix_cache_queries_total"] - before[name]["vllm:prefix_cache_queries_total"]
         some_cached = [r for r in recs if r["best"] > 0]
 
         def ms(values, pct):
@@ -269,6 +521,7 @@ class RoutingBench(check.KVIndexCheck):
         latencies = [r["latency"] for r in recs]
         return {
             "policy": policy,
+            "router": "EPP" if policy.startswith("epp:") else "stand-in",
             "requests": len(recs) + self.state["failed"],
             "failed": self.state["failed"],
             "failures": list(self.state["failures"]),
@@ -288,19 +541,114 @@ class RoutingBench(check.KVIndexCheck):
             "requests_per_engine": dict(self.state["sent"]),
             "evicted_blocks_per_engine": dict((n, removed_after[n] - removed_before[n]) for n in removed_after),
             "distinct_blocks": len(self.state["keys"]),
+            "working_set": round(len(self.state["keys"]) / float(self.cache_blocks()), 2) if self.cache_blocks() else None,
             "follow_ups": sum(1 for r in recs if r["kind"] == "follow-up"),
+            "resets": self.state["resets"],
+            "restarts": self.state.get("restarts", 0),
+            "sequential": self.state["spec"]["workers"] <= 1 and self.state["spec"]["burst"] <= 1,
             "elapsed_s": round(elapsed, 1),
             "records": recs,
         }
 
 
+# One routed request: its step, the chosen engine, its token count, the index's predictions, the body, the engine's
+# stream activity when it was sent.
+_Routed = collections.namedtuple("_Routed", "step name tokens precise body since")
+
+
+class EPPLane:
+    """The real EPP for the ``epp:NAME`` policies: one KV relay per engine, a fresh EPP per configuration."""
+
+    def __init__(self, binary, configs, specs, kv_port, folder, confine=True):
+        self.binary = binary
+        self.configs = configs
+        self.specs = specs
+        self.kv_port = kv_port
+        self.folder = folder
+        self.confine = confine
+        self.relays = []
+        self.current = None
+
+    def open(self):
+        """Bind the relays (each engine connects to its own endpoint); the bench then subscribes to their public side."""
+        for spec in self.specs:
+            public = "tcp://%s:%d" % (spec["host"], self.kv_port)
+            self.relays.append(_epp_local.Relay(spec["endpoint"], public))
+            spec["endpoint"], spec["socket_mode"] = public, "connect"
+        return self
+
+    def close(self):
+        for relay in self.relays:
+            relay.stop()
+
+    @staticmethod
+    def _precise(config):
+        return [p.get("parameters") or {} for p in config.get("plugins") or [] if p.get("type") == "precise-prefix-cache-producer"]
+
+    def check_configs(self, block_size):
+        """The configs' precise producers hash blocks of the engines' size and dial the relays' port."""
+        for name, config in sorted(self.configs.items()):
+            for params in self._precise(config):
+                size = (params.get("tokenProcessorConfig") or {}).get("blockSizeTokens")
+                port = ((params.get("kvEventsConfig") or {}).get("podDiscoveryConfig") or {}).get("socketPort")
+                if size != block_size:
+                    raise errors.CheckError("EPP config %s hashes blocks of %s tokens but the engines' blocks hold %d: render it "
+                                            "with the engines' block size." % (name, size, block_size))
+                if port != self.kv_port:
+                    raise errors.CheckError("EPP config %s dials KV events on port %s but the relays publish on %d: render it with "
+                                            "kv_events_port %d, or pass --kv-port %s." % (name, port, self.kv_port, self.kv_port, port))
+
+    @contextlib.contextmanager
+    def router(self, name, count=1):
+        """``count`` fresh EPPs with config ``name`` (an index each); once each subscribes to every relay when it reads events."""
+        config = self.configs[name]
+        reads = any((p.get("kvEventsConfig") or {}).get("discoverPods") for p in self._precise(config))
+        epps = []
+        try:
+            for i in range(count):
+                before = [len(r.subscriptions) for r in self.relays]
+                epp = _epp_local.EPP(self.binary, config, [(s["name"], s["host"], s["port"]) for s in self.specs], self.folder,
+                                     name="epp-%s-%d" % (re.sub(r"[^\w.-]", "-", name), i), confine=self.confine)
+                epps.append(epp)
+                epp.start()
+                if reads:
+                    _epp_local.wait_subscribed(self.relays, [n + 1 for n in before])
+        except _epp_local.EPPError as exc:
+            for epp in epps:
+                epp.stop()
+            raise errors.CheckError(str(exc).replace("ask for an unconfined EPP", "pass --epp-listen-all for an unconfined EPP"))
+        self.current = epps
+        try:
+            yield epps
+        finally:
+            self.current = None
+            for epp in epps:
+                epp.stop()
+
+
 def parse_engine(text):
-    match = re.match(r"^([\w.-]+)=(\d+),(\d+),(\d+)$", text)
+    match = re.match(r"^([\w.-]+)=(?:([\d.]+):)?(\d+),(\d+),(\d+)$", text)
     if not match:
-        raise argparse.ArgumentTypeError("--engine wants NAME=PORT,EVENTS_PORT,REPLAY_PORT, got %r" % text)
-    name, port, events, replay = match.groups()
-    return {"name": name, "url": "http://127.0.0.1:%s" % port, "endpoint": "tcp://127.0.0.1:%s" % events,
-            "socket_mode": "bind", "replay_endpoint": "tcp://127.0.0.1:%s" % replay, "topic": wiring.kv_topic("127.0.0.1", port, "")}
+        raise argparse.ArgumentTypeError("--engine wants NAME=[HOST:]PORT,EVENTS_PORT,REPLAY_PORT, got %r" % text)
+    name, host, port, events, replay = match.groups()
+    host = host or "127.0.0.1"
+    return {"name": name, "url": "http://%s:%s" % (host, port), "endpoint": "tcp://127.0.0.1:%s" % events, "host": host,
+            "port": int(port), "socket_mode": "bind", "replay_endpoint": "tcp://127.0.0.1:%s" % replay,
+            "topic": wiring.kv_topic(host, port, "")}
+
+
+def parse_epp_config(text):
+    name, sep, path = text.partition("=")
+    if not sep or not re.match(r"^[\w.-]+$", name):
+        raise argparse.ArgumentTypeError("--epp-config wants NAME=PATH, got %r" % text)
+    try:
+        with open(path, encoding="utf-8") as handle:
+            config = yaml.safe_load(handle)
+    except (OSError, yaml.YAMLError) as exc:
+        raise argparse.ArgumentTypeError("--epp-config %s: cannot read %s (%s)" % (name, path, exc))
+    if not isinstance(config, dict):
+        raise argparse.ArgumentTypeError("--epp-config %s: %s holds no EndpointPickerConfig mapping" % (name, path))
+    return name, config
 
 
 def reachable(spec):
@@ -317,13 +665,13 @@ def fmt(value, pattern="%s"):
 
 def table(rows):
     lines = [
-        "| Policy | Hit rate (engine counters) | Cached tokens / request | Chose the longest cached prefix | "
+        "| Policy | Seed | Hit rate (engine counters) | Cached tokens / request | Chose the longest cached prefix | "
         "TTFT p50 / p90 (ms) | Failed | Requests per engine | Evicted blocks |",
-        "|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
-        lines.append("| %s | %s (%d/%d tokens) | %s of %s | %d/%d (%d/%d with a cached prefix somewhere) | %s / %s | %d/%d | %s | %s |" % (
-            r["policy"], fmt(None if r["hit_rate"] is None else 100.0 * r["hit_rate"], "%.1f%%"), r["counter_hits"],
+        lines.append("| %s | %s | %s (%d/%d tokens) | %s of %s | %d/%d (%d/%d with a cached prefix somewhere) | %s / %s | %d/%d | %s | %s |" % (
+            r["policy"], r.get("seed"), fmt(None if r["hit_rate"] is None else 100.0 * r["hit_rate"], "%.1f%%"), r["counter_hits"],
             r["counter_queries"], fmt(r["cached_per_request"]), fmt(r["prompt_tokens_per_request"]), r["held_longest"],
             r["requests"] - r["failed"], r["held_longest_of_those"], r["steps_with_a_cached_prefix"], fmt(r["ttft_ms_p50"]),
             fmt(r["ttft_ms_p90"]), r["failed"], r["requests"],
@@ -332,88 +680,186 @@ def table(rows):
     return lines
 
 
+def epp_lane(args, engines):
+    """The real EPP's lane, None when no config is given, or a sentence saying why there is none."""
+    if not args.epp_config:
+        return None, None
+    binary, why = _epp_local.resolve_binary(args.epp)
+    if not binary:
+        return None, why
+    global extproc, route_check  # pylint: disable=global-statement
+    extproc, route_check = module_utils("epp.extproc"), module_utils("epp.route_check")
+    folder = tempfile.mkdtemp(prefix="bench-routing-epp-")
+    return EPPLane(binary, dict(args.epp_config), engines, args.kv_port, folder, confine=not args.epp_listen_all), None
+
+
+def fit_prefix_words(bench, spec, requests, seed):
+    """Prefix words for which the prompts' distinct full blocks are ``working_set`` times the engines' caches together."""
+    target = float(spec["working_set"]) * bench.cache_blocks()
+    low, high = 24, 144
+    counts = [bench.distinct_blocks(build_workload("r00000:", requests, dict(spec, prefix_words=w), seed)) for w in (low, high)]
+    slope = (counts[1] - counts[0]) / float(high - low)
+    words_ = int(round(low + (target - counts[0]) / slope)) if slope > 0 else low
+    return max(8, min(400, words_))
+
+
+def plan(args, names, policies, seeds):
+    """A callable for RoutingBench: the configurations, built once the engines' tokenizer and cache sizes are known."""
+    overrides = {"tenants": args.tenants, "prefix_words": args.prefix_words, "zipf": args.zipf, "follow_up": args.follow_up}
+
+    def build(bench):
+        configs = []
+        tags = random.SystemRandom()
+        for seed in seeds:
+            for name in names:
+                spec = workload_spec(name, **overrides)
+                if spec["working_set"] and args.prefix_words is None:
+                    spec["prefix_words"] = fit_prefix_words(bench, spec, args.requests, seed)
+                spec.update(name=name, seed=seed)
+                for policy in policies:
+                    tag = "r%05d:" % tags.randrange(10000, 100000)   # Llama's tokenizer splits digits: one length for every tag
+                    configs.append(("%s %s seed %d" % (name, policy, seed), policy, spec, build_workload(tag, args.requests, spec, seed)))
+        return configs
+    return build
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--engine", action="append", type=parse_engine, help="NAME=PORT,EVENTS_PORT,REPLAY_PORT (repeat; "
+    parser.add_argument("--engine", action="append", type=parse_engine, help="NAME=[HOST:]PORT,EVENTS_PORT,REPLAY_PORT (repeat; "
                         "default: %s)" % " ".join(DEFAULT_ENGINES))
-    parser.add_argument("--policies", default=",".join(POLICIES))
+    parser.add_argument("--policies", help="comma-separated, of %s and epp:NAME for each --epp-config (default: all)" % ", ".join(POLICIES))
+    parser.add_argument("--workload", default="bench", help="comma-separated names of %s, or all (default: bench)" % ", ".join(WORKLOADS))
+    parser.add_argument("--repeats", type=int, default=1, help="seeds per workload, from --seed on (mean and spread over them)")
+    parser.add_argument("--report", metavar="DIR", help="write the study (runs, summary, report.md, plots) into DIR; the default "
+                        "with more than one workload or seed: out/bench-routing/study")
+    parser.add_argument("--epp", metavar="BINARY", help="the llm-d EPP binary (default: SUBSTRATE_EPP_BINARY, else the cache of "
+                        "`go install` of the pinned version, else `go install`)")
+    parser.add_argument("--epp-config", metavar="NAME=PATH", action="append", type=parse_epp_config, default=[],
+                        help="an EndpointPickerConfig for policy epp:NAME (repeat); its endpoints come from file discovery")
+    parser.add_argument("--restart-command", metavar="CMD", help="a shell command that stops and starts the engine named by "
+                        "{engine} (the restart workload; make bench-routing passes its playbook)")
+    parser.add_argument("--kv-port", type=int, default=5810, help="the relays' KV-event port on each engine address (the "
+                        "configs' podDiscoveryConfig.socketPort)")
+    parser.add_argument("--epp-listen-all", action="store_true", help="run the EPP unconfined: its ext_proc, health and "
+                        "metrics ports then listen on every interface of this machine")
     parser.add_argument("--requests", type=int, default=80, help="requests per configuration")
-    parser.add_argument("--tenants", type=int, default=16, help="prompt families per configuration")
-    parser.add_argument("--prefix-words", type=int, default=48, help="words of each tenant's shared prefix")
-    parser.add_argument("--zipf", type=float, default=1.0, help="skew of the tenants' popularity")
-    parser.add_argument("--follow-up", type=float, default=0.3, help="chance that a request extends the tenant's conversation")
+    parser.add_argument("--tenants", type=int, help="prompt families (default: the workload's; bench: 16)")
+    parser.add_argument("--prefix-words", type=int, help="words of each tenant's shared prefix (default: the workload's; bench: 48)")
+    parser.add_argument("--zipf", type=float, help="skew of the tenants' popularity (default: the workload's; 1.0)")
+    parser.add_argument("--follow-up", type=float, help="chance that a request extends the tenant's conversation (default: 0.3)")
     parser.add_argument("--max-tokens", type=int, default=1)
-    parser.add_argument("--seed", type=int, default=0, help="the workload's tenants, sequence and text")
-    parser.add_argument("--nonce", type=int, help="in every prompt's first block, so that a run finds nothing cached by an "
-                        "earlier one (default: random; printed)")
+    parser.add_argument("--seed", type=int, default=0, help="the first workload seed (tenants, sequence and text)")
     parser.add_argument("--settle", type=float, default=0.3, help="seconds without KV events before the index counts as current")
-    parser.add_argument("--timeout", type=float, default=1800.0)
+    parser.add_argument("--timeout", type=float, default=14400.0)
     parser.add_argument("--records", metavar="PATH", help="write every request (policy, engine, tokens, cached, predicted, "
                         "TTFT) to PATH as JSON lines")
     parser.add_argument("--json", action="store_true", help="one JSON object per configuration instead of a table")
     parser.add_argument("--require", action="store_true", help="fail (instead of skipping) when an engine is unreachable")
     args = parser.parse_args()
     engines = args.engine or [parse_engine(e) for e in DEFAULT_ENGINES]
-    policies = [p.strip() for p in args.policies.split(",") if p.strip()]
-    unknown = [p for p in policies if p not in POLICIES]
-    if unknown or len(engines) < 2:
-        parser.error("policies are %s; at least two engines" % ", ".join(POLICIES))
+    epp_names = ["epp:%s" % name for name, _config in args.epp_config]
+    policies = [p.strip() for p in args.policies.split(",") if p.strip()] if args.policies else list(POLICIES) + epp_names
+    unknown = [p for p in policies if p not in POLICIES and p not in epp_names]
+    if unknown:
+        parser.error("unknown policies %s: the policies are %s" % (", ".join(unknown), ", ".join(list(POLICIES) + epp_names)))
+    names = list(WORKLOADS) if args.workload == "all" else [w.strip() for w in args.workload.split(",") if w.strip()]
+    if [w for w in names if w not in WORKLOADS] or not names:
+        parser.error("unknown workload in %r: the workloads are %s, or all" % (args.workload, ", ".join(WORKLOADS)))
+    if "restart" in names and not args.restart_command:
+        if args.workload != "all":
+            parser.error("the restart workload needs --restart-command (make bench-routing passes one)")
+        print("bench_routing: the restart workload is left out: no --restart-command")
+        names.remove("restart")
+    if len(engines) < 2 or args.repeats < 1 or args.requests < 1:
+        parser.error("at least two engines, one repeat and one request")
     for spec in engines:
         problem = reachable(spec)
         if problem:
             print("bench_routing: %s: engine %s is not reachable (%s); `make bench-routing` starts two" % (
                 "failed" if args.require else "skipped", spec["name"], problem))
             return 1 if args.require else 0
-    nonce = args.nonce if args.nonce is not None else random.SystemRandom().randrange(10000, 100000)
-    workloads = dict((p, build_workload("run %d %d:" % (POLICIES.index(p) + 1, nonce), args.requests, args.tenants,
-                                        args.prefix_words, args.seed, args.zipf, args.follow_up)) for p in policies)
+    lane, why = epp_lane(args, engines) if any(p.startswith("epp:") for p in policies) else (None, None)
+    if why:
+        if args.epp or os.environ.get("SUBSTRATE_EPP_BINARY"):
+            print("bench_routing: failed: %s" % why)
+            return 1
+        print("bench_routing: the real EPP is left out: %s" % why)
+        policies = [p for p in policies if not p.startswith("epp:")]
+    seeds = list(range(args.seed, args.seed + args.repeats))
     params = {"engines": engines, "workload": {}, "expect": {}, "max_tokens": args.max_tokens, "settle": args.settle,
               "event_wait": 5.0, "timeout": args.timeout, "request_timeout": 120.0}
-    bench = RoutingBench(params, policies, workloads, seed=args.seed)
+    bench = RoutingBench(params, plan(args, names, policies, seeds), epp=lane, restart_command=args.restart_command)
     started = time.time()
     try:
+        if lane is not None:
+            lane.open()
         rows = bench.run()
-    except errors.CheckError as exc:
-        print("bench_routing: %s" % exc.msg)
+    except (errors.CheckError, _epp_local.EPPError, OSError) as exc:
+        print("bench_routing: %s" % (getattr(exc, "msg", None) or exc))
         return 1
+    finally:
+        if lane is not None:
+            lane.close()
+    report(args, bench, rows, engines, started, lane, why)
+    return 0
+
+
+def report(args, bench, rows, engines, started, lane, why):
     if args.records:
         with open(args.records, "w", encoding="utf-8") as out:
             for row in rows:
                 for rec in row["records"]:
-                    out.write(json.dumps(dict(rec, policy=row["policy"]), sort_keys=True) + "\n")
+                    out.write(json.dumps(dict(rec, policy=row["policy"], workload=row["workload"], seed=row["seed"]), sort_keys=True) + "\n")
     for row in rows:
         del row["records"]
     if args.json:
         for row in rows:
             print(json.dumps(row, sort_keys=True))
-        return 0
-    print("Routing over %d real vLLM engines (%s; %s blocks of %d tokens each), model %s; %d requests per configuration, "
-          "%d tenants, sequential, max_tokens %d, seed %d, nonce %d, %s" % (
-              len(engines), ", ".join(e.name for e in bench.engines),
-              "/".join(str(e.num_gpu_blocks) for e in bench.engines), bench.block_size, bench.model, args.requests,
-              args.tenants, args.max_tokens, args.seed, nonce, time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(started))))
-    print("Router: this script, with the collection's KV-event index (precise) and its model of llm-d's "
-          "approx-prefix-cache-producer (approximate) standing in for the llm-d EPP; ties: fewest requests so far, then name.")
-    for line in table(rows):
-        print(line)
+        return
+    head = ("Routing over %d real vLLM engines (%s; %s blocks of %d tokens each), model %s; %d requests per configuration, "
+            "max_tokens %d, seeds %s, %s" % (
+                len(engines), ", ".join(e.name for e in bench.engines), "/".join(str(e.num_gpu_blocks) for e in bench.engines),
+                bench.block_size, bench.model, args.requests, args.max_tokens, ", ".join(str(s) for s in sorted(set(r["seed"] for r in rows))),
+                time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(started))))
+    routers = ("Routers: %s: the collection's stand-in, with its KV-event index (precise; with speculative entries for %.0f s "
+               "after each pick) and its model of llm-d's approx-prefix-cache-producer (approximate); ties: fewest requests so far, "
+               "then name." % (", ".join(p for p in POLICIES if p in bench.policies), SPECULATIVE_TTL))
+    if lane is not None:
+        routers += (" %s: the real llm-d EPP %s (%s), a fresh one per configuration, %s; the referee is the same index." % (
+            ", ".join(sorted(set(p for p in bench.policies if p.startswith("epp:")))), wiring.ROUTER_VERSION, lane.binary,
+            "confined to a loopback-only network namespace" if lane.confine else "unconfined (listening on every interface)"))
+    elif why:
+        routers += " The real EPP was left out: %s" % why
+    print(head)
+    print(routers)
+    for name in sorted(set(r["workload"] for r in rows), key=[r["workload"] for r in rows].index):
+        mine = [r for r in rows if r["workload"] == name]
+        print("\n%s: %s; %d distinct full blocks, %sx the caches together" % (
+            name, WORKLOAD_NOTES.get(name, "custom"), mine[0]["distinct_blocks"], fmt(mine[0]["working_set"])))
+        for line in table(mine):
+            print(line)
     for r in rows:
-        print("%s: %d distinct full blocks in its prompts, %d follow-ups, index exact on the chosen engine %d/%d, "
-              "latency p50/p90 %s/%s ms, %.1f s%s" % (
-                  r["policy"], r["distinct_blocks"], r["follow_ups"], r["index_exact"], r["requests"] - r["failed"],
-                  fmt(r["latency_ms_p50"]), fmt(r["latency_ms_p90"]), r["elapsed_s"],
-                  ("; failures: " + "; ".join(r["failures"])) if r["failures"] else ""))
-    for r in rows:
-        if r["index_exact"] < r["requests"] - r["failed"]:
+        extra = ("; failures: " + "; ".join(r["failures"])) if r["failures"] else ""
+        print("%s: %d follow-ups, index exact on the chosen engine %d/%d, latency p50/p90 %s/%s ms, %.1f s%s" % (
+            r["label"], r["follow_ups"], r["index_exact"], r["requests"] - r["failed"], fmt(r["latency_ms_p50"]),
+            fmt(r["latency_ms_p90"]), r["elapsed_s"], extra))
+        if r["sequential"] and not r["resets"] and not r["restarts"] and r["index_exact"] < r["requests"] - r["failed"]:
             print("WARNING: %s: the index predicted the chosen engine's cached tokens on only %d of %d requests: the referee "
                   "(and the precise policy) missed KV events; see the engines' topics and event ports" % (
-                      r["policy"], r["index_exact"], r["requests"] - r["failed"]))
+                      r["label"], r["index_exact"], r["requests"] - r["failed"]))
+    same = all(len(set(tuple(c) for k, c in bench.token_counts.items() if k[:2] == group)) == 1
+               for group in set(k[:2] for k in bench.token_counts))
     print("Hit rate: vllm:prefix_cache_hits_total / queries_total deltas summed over the engines (tokens). Chose the longest "
-          "cached prefix: the chosen engine's cached tokens, per the exact index just before the request, were the most of "
-          "any engine. TTFT: streamed, to the first token; with max_tokens 1 the request ends right after it. Each "
-          "configuration sends the same prompts behind its own tag in the first block (token counts %s), so none finds "
-          "another's blocks; the engines were not restarted between configurations." % (
-              "identical" if len(set(tuple(c) for c in bench.token_counts.values())) == 1 else "NOT identical"))
-    return 0
+          "cached prefix: the chosen engine's cached tokens, per the exact index just before the request was routed, were the "
+          "most of any engine. TTFT: streamed, to the first token; with max_tokens 1 the request ends right after it. Each "
+          "configuration sends its workload's prompts behind its own tag in the first block (token counts per workload and "
+          "seed %s), so none finds another's blocks; the engines were not restarted between configurations." % (
+              "identical" if same else "NOT identical"))
+    folder = args.report or (os.path.join("out", "bench-routing", "study") if len(set((r["workload"], r["seed"]) for r in rows)) > 1 else None)
+    if folder:
+        notes = [head, routers] + ["%s: %s" % (n, WORKLOAD_NOTES[n]) for n in WORKLOAD_NOTES if n in set(r["workload"] for r in rows)]
+        written = study_report.write(folder, rows, "Routing study", notes=notes)
+        print("Report: %s" % ", ".join(sorted(written.values())))
 
 
 if __name__ == "__main__":

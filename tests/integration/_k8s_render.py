@@ -100,7 +100,7 @@ CASES = {
     "gpu-inventory-nvkind": inventory_case("gpu", kind_cluster_mode="nvkind"),
     "cpu-precise-clusterip": case("vllm_cpu", "precise", "ClusterIP", model_server_hf_token=HF_TOKEN, router_hf_token=HF_TOKEN),
     "cpu-approximate-nodeport": case("vllm_cpu", "approximate", "NodePort"),
-    "cpu-precise-loadbalancer": case("vllm_cpu", "precise", "LoadBalancer"),
+    "cpu-precise-loadbalancer": case("vllm_cpu", "precise", "LoadBalancer", router_speculative_indexing=False),
     "cpu-precise-kv-nodeport": case("vllm_cpu", "precise", "NodePort", model_server_kv_events_node_port_enabled=True,
                                     model_server_kv_events_node_port_source_cidrs=["172.18.0.0/16"],
                                     kind_cluster_zmq_node_port_enabled=True),

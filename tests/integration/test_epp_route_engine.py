@@ -7,7 +7,7 @@
 
 Two engines through ``playbooks/kv_index.yml`` (instances ``eppr-a`` on 127.0.0.1:8310 and ``eppr-b`` on
 127.0.0.2:8311, with ``--enable-scale-out`` so the EPP's token producer gets the engines' own tokens from
-``/v1/completions/render``). Each engine connects to its KV-event endpoint; a relay (tests/integration/_epp_local.py)
+``/v1/completions/render``). Each engine connects to its KV-event endpoint; a relay (tools/_epp_local.py)
 binds it and republishes at ``tcp://<engine address>:<one common port>``, the endpoint the EPP's precise producer dials
 (``podDiscoveryConfig.socketPort``) and the check subscribes to. The EPP runs with ``file-discovery`` over the two
 engines and the scheduling of what the router role renders (roles/router/vars/main.yml ``_router_precise_config`` and
@@ -39,13 +39,26 @@ from ansible_collections.inference_cache.substrate.plugins.module_utils.epp.rout
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _engine_lane import ENGINE_PYTHON, STATE_DIR, playbook, skip_or_fail  # noqa: E402  pylint: disable=wrong-import-position
-from _epp_local import EPP, Relay, epp_binary, free_port, wait_subscribed  # noqa: E402  pylint: disable=wrong-import-position
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "tools"))
+from _epp_local import EPP, Relay, free_port, resolve_binary, wait_subscribed  # noqa: E402  pylint: disable=wrong-import-position
 
 MODEL, BLOCK_SIZE, HASH_SEED = "tiny", 32, "0"   # the local_engine role's defaults
 ENGINES = [
     {"instance": "eppr-a", "host": "127.0.0.1", "port": 8310, "kv_events_port": 5710, "replay_port": 5711},
     {"instance": "eppr-b", "host": "127.0.0.2", "port": 8311, "kv_events_port": 5712, "replay_port": 5713},
 ]
+_RESOLVED = {}
+
+
+def epp_binary():
+    """The EPP binary to test with (tools/_epp_local.resolve_binary), or skip with its reason in one sentence."""
+    if "path" not in _RESOLVED:
+        _RESOLVED["path"], _RESOLVED["why"] = resolve_binary()
+    if not _RESOLVED["path"]:
+        pytest.skip(_RESOLVED["why"])
+    return _RESOLVED["path"]
+
+
 ENGINE_VARS = ["-e", json.dumps({"kv_index_engines": ENGINES, "local_engine_extra_args": ["--enable-scale-out"]})]
 
 

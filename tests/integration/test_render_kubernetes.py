@@ -209,7 +209,7 @@ def test_scoring_modes(rendered, name):
             assert [p["name"] for p in profiles] == ["default"] and "single-profile-handler" in types
     else:
         params = types["precise-prefix-cache-producer"]["parameters"]
-        assert params["speculativeIndexing"] is bool(R.CASES[name].get("router_speculative_indexing"))
+        assert params["speculativeIndexing"] is bool(R.CASES[name].get("router_speculative_indexing", True))
         assert params["speculativeTTL"] == R.CASES[name].get("router_speculative_ttl", "2s")
         assert set(["token-producer", "precise-prefix-cache-producer", "prefix-cache-scorer", "decode-filter", "max-score-picker",
                     "single-profile-handler", "endpoint-notification-source"]) <= set(types)

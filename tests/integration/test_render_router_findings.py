@@ -43,6 +43,7 @@ POSITIVE = {
     "pd-engines-pd-router": R.case("vllm_lmcache", "approximate", "ClusterIP", router_disaggregation=True, model_server_disaggregation=True),
     # The verifier learns from router_contract whether the EPP indexes speculatively, and its TTL (issue 17).
     "precise-speculative": R.case("vllm_cpu", "precise", "ClusterIP", router_speculative_indexing=True, router_speculative_ttl="5s"),
+    "precise-no-speculative": R.case("vllm_cpu", "precise", "ClusterIP", router_speculative_indexing=False),
 }
 
 USER_CONFIG = {"apiVersion": "llm-d.ai/v1alpha1", "kind": "EndpointPickerConfig",
@@ -159,7 +160,15 @@ def test_verifier_waits_out_the_speculative_ttl_of_the_config_in_use(rendered):
     assert _after(args, "--scoring-mode") == "precise"
 
 
-@pytest.mark.parametrize("name", ["served-name-precise", "pd-engines-pd-router"])
+def test_precise_indexes_speculatively_by_default_and_the_verifier_knows(rendered):
+    """The default since the routing study: speculativeIndexing on, the verifier waits out its 2s TTL."""
+    producer = _producer(rendered["served-name-precise"]["epp_config"], "precise-prefix-cache-producer")["parameters"]
+    assert producer["speculativeIndexing"] is True and producer["speculativeTTL"] == "2s"
+    args = rendered["served-name-precise"]["verifier_args"]
+    assert "--speculative-indexing" in args and _after(args, "--speculative-ttl") == "2s"
+
+
+@pytest.mark.parametrize("name", ["precise-no-speculative", "pd-engines-pd-router"])
 def test_verifier_without_speculative_indexing(rendered, name):
     args = rendered[name]["verifier_args"]
     assert "--speculative-indexing" not in args

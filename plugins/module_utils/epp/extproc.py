@@ -45,6 +45,7 @@ except ImportError:  # pragma: no cover - exercised through the module's missing
     EXTPROC_IMPORT_ERROR = traceback.format_exc()
 
 from ..common.errors import CheckError
+from ..common.pump import pump
 
 DESTINATION_HEADER = "x-gateway-destination-endpoint"
 LB_NAMESPACE = "envoy.lb"
@@ -90,19 +91,7 @@ class _TLSRelay:
 
     @staticmethod
     def _pump(src, dst):
-        try:
-            while True:
-                data = src.recv(65536)
-                if not data:
-                    break
-                dst.sendall(data)
-        except (OSError, ssl.SSLError):
-            pass
-        for sock in (src, dst):
-            try:
-                sock.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
+        pump(src, dst, (OSError, ssl.SSLError))
 
     def close(self):
         self.closed = True
