@@ -39,7 +39,7 @@ except ImportError:  # pragma: no cover - exercised through the module's missing
     PROMETHEUS_CLIENT_IMPORT_ERROR = traceback.format_exc()
 
 from ..common.errors import CheckError
-from .openai import OpenAIHTTPError, cached_tokens, check_usage, model_ids
+from .openai import OpenAIHTTPError, _one_line, cached_tokens, check_usage, model_ids
 
 # (engine, hits counter, queries counter), first match on the metrics page wins.
 METRIC_SETS = (
@@ -82,7 +82,7 @@ def parse_metrics(text, model=None):
     try:
         families = list(text_string_to_metric_families(text))
     except Exception as exc:  # the parser raises ValueError and friends on malformed pages
-        raise PrefixCacheError("The metrics page is not in the Prometheus text format: %s." % str(exc).rstrip("."))
+        raise PrefixCacheError("The metrics page is not in the Prometheus text format: %s." % (_one_line(exc, 200).rstrip(".") or "unparseable"))
     samples = [sample for family in families for sample in family.samples]
     names = set(s.labels.get("model_name") for s in samples)
     restrict = model is not None and model in names

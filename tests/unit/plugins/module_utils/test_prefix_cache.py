@@ -75,6 +75,15 @@ def test_parse_rejects_garbage():
         pc.parse_metrics("this is {not a metrics page\n")
 
 
+def test_a_garbage_page_with_line_breaks_in_the_parser_error_is_still_one_line():
+    """Hypothesis found it: the parser quotes the bad line, carriage return included."""
+    with pytest.raises(pc.PrefixCacheError) as caught:
+        pc.parse_metrics("\x00\r\x00")
+    msg = caught.value.msg
+    assert msg.startswith("The metrics page is not in the Prometheus text format: ") and msg.endswith(".")
+    assert "\n" not in msg and "\r" not in msg, repr(msg)
+
+
 @pytest.mark.parametrize("page, engine, expected", [
     (VLLM_PAGE, "auto", ("vllm", "vllm:prefix_cache_hits_total", "vllm:prefix_cache_queries_total")),
     (VLLM_OLD_PAGE, "auto", ("vllm", "vllm:gpu_prefix_cache_hits_total", "vllm:gpu_prefix_cache_queries_total")),
