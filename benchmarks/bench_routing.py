@@ -143,6 +143,11 @@ WORKLOAD_NOTES = {
 }
 
 
+def sequential(spec):
+    """Whether a workload sends one request at a time (no concurrent workers, no bursts)."""
+    return int(spec["workers"]) <= 1 and int(spec["burst"]) <= 1
+
+
 def workload_spec(name, **overrides):
     spec = dict(DEFAULTS, **WORKLOADS[name]) if name in WORKLOADS else dict(DEFAULTS)
     spec.update(dict((k, v) for k, v in overrides.items() if v is not None))
@@ -316,8 +321,8 @@ class RoutingBench(check.KVIndexCheck):
         self.state["before"] = before
         reset_at = int(len(requests) * float(spec["reset_at"])) if spec.get("reset_at") is not None else None
         restart_at = int(len(requests) * float(spec["restart_at"])) if spec.get("restart_at") is not None else None
-        if int(spec["workers"]) > 1 or int(spec["burst"]) > 1:
-            self.run_concurrent(requests, max(int(spec["workers"]), int(spec["burst"])), reset_at)
+        if not sequential(spec):   # reset and restart are sequential workloads' (WORKLOADS)
+            self.run_concurrent(requests, max(int(spec["workers"]), int(spec["burst"])))
         else:
             for i, request in enumerate(requests):
                 if i == reset_at:
@@ -331,31 +336,22 @@ class RoutingBench(check.KVIndexCheck):
         after, removed_after, elapsed = self.counters(), self.removed(), self.clock() - start
         return self.row(policy, self.state["counted"] + [(self.state["before"], after)], removed_before, removed_after, elapsed)
 
-    def run_concurrent(self, requests, workers, reset_at):
+    def run_concurrent(self, requests, workers):
         """Up to ``workers`` requests in flight; requests of one burst (group) are routed together, a burst at a time."""
         pending = []
         queue = list(requests)
         bursts = int(self.state["spec"]["burst"]) > 1
-        done_count = 0
         while queue or pending:
             while queue and len(pending) < workers and (not bursts or not pending or queue[0].group == pending[0][0].step.group):
-                if done_count + len(pending) == reset_at and not pending:
-                    self.reset_caches()
-                    reset_at = None
-                elif done_count + len(pending) == reset_at:
-                    break
                 routed = self.route(queue.pop(0))
                 if routed is not None:
                     pending.append((routed, self.pool.submit(self.send, routed)))
-                else:
-                    done_count += 1
             self.consumer.poll(0.02)
             self.drain()
             still = []
             for routed, future in pending:
                 if future.done():
                     self.finish(routed, *future.result())
-                    done_count += 1
                 else:
                     still.append((routed, future))
             pending = still
@@ -482,12 +478,12 @@ class RoutingBench(check.KVIndexCheck):
 
     def finish(self, routed, answer, error):
         step, name = routed.step, routed.name
-        sequential = self.state["spec"]["workers"] <= 1 and self.state["spec"]["burst"] <= 1
+        one_at_a_time = sequential(self.state["spec"])
         if error is not None:
             self.state["failed"] += 1
             if len(self.state["failures"]) < 3:
                 self.state["failures"].append("request %d to %s: %s" % (step.index, name, error))
-            if sequential:
+            if one_at_a_time:
                 self.settle()
             return
         reported = http.cached_tokens(answer.get("usage") or {})
@@ -497,7 +493,7 @@ class RoutingBench(check.KVIndexCheck):
             "predicted": routed.precise[name], "best": best, "held_longest": routed.precise[name] == best,
             "ttft": answer["ttft"], "latency": answer["latency"], "index": step.index, "tenant": step.tenant,
         })
-        if sequential:
+        if one_at_a_time:
             expect_store = (routed.tokens // self.block_size) * self.block_size > reported
             self.settle(wait_for=self.by_name[name] if expect_store else None, since=routed.since)
 
@@ -545,7 +541,7 @@ class RoutingBench(check.KVIndexCheck):
             "follow_ups": sum(1 for r in recs if r["kind"] == "follow-up"),
             "resets": self.state["resets"],
             "restarts": self.state.get("restarts", 0),
-            "sequential": self.state["spec"]["workers"] <= 1 and self.state["spec"]["burst"] <= 1,
+            "sequential": sequential(self.state["spec"]),
             "elapsed_s": round(elapsed, 1),
             "records": recs,
         }

@@ -289,7 +289,6 @@ class Relay:
         self.xpub.bind(public_endpoint)
         self.public_endpoint = public_endpoint
         self.subscriptions = []
-        self.messages = 0
         self.stopping = threading.Event()
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.thread.start()
@@ -302,7 +301,6 @@ class Relay:
             for sock, _event in poller.poll(100):
                 frames = sock.recv_multipart()
                 if sock is self.xsub:
-                    self.messages += 1
                     self.xpub.send_multipart(frames)
                 else:
                     if frames and frames[0][:1] == b"\x01":

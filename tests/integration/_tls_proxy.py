@@ -17,6 +17,7 @@ import socket
 import ssl
 import threading
 
+from ansible_collections.inference_cache.substrate.plugins.module_utils.common.pump import pump
 from ansible_collections.inference_cache.substrate.tests.unit.plugins.http_server import tls_server_context
 
 
@@ -56,22 +57,5 @@ class TLSProxy:
             raw.close()
             return
         upstream = socket.create_connection(self.target)
-        threading.Thread(target=self._pump, args=(upstream, client), daemon=True).start()
-        self._pump(client, upstream)
-
-    @staticmethod
-    def _pump(source, sink):
-        try:
-            while True:
-                data = source.recv(65536)
-                if not data:
-                    break
-                sink.sendall(data)
-        except OSError:
-            pass
-        finally:
-            for sock in (source, sink):
-                try:
-                    sock.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
+        threading.Thread(target=pump, args=(upstream, client), daemon=True).start()
+        pump(client, upstream)

@@ -130,3 +130,12 @@ def test_without_engines_it_skips_and_says_so():
     run = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "bench_routing.py"), "--engine", "a=1,2,3", "--engine",
                           "b=4,5,6"], capture_output=True, text=True, check=False, timeout=60)
     assert run.returncode == 0 and run.stdout.startswith("bench_routing: skipped: engine a is not reachable ("), run.stdout
+
+
+def test_the_workloads_that_reset_or_restart_send_one_request_at_a_time():
+    """run_policy resets and restarts only between sequential requests; a concurrent one would never see them."""
+    for name in B.WORKLOADS:
+        spec = B.workload_spec(name)
+        if spec["reset_at"] is not None or spec["restart_at"] is not None:
+            assert B.sequential(spec), name
+    assert not B.sequential(B.workload_spec("bursts")) and not B.sequential(B.workload_spec("pressure-concurrent"))

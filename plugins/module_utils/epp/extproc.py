@@ -91,7 +91,7 @@ class _TLSRelay:
 
     @staticmethod
     def _pump(src, dst):
-        pump(src, dst, (OSError, ssl.SSLError))
+        pump(src, dst)
 
     def close(self):
         self.closed = True
