@@ -8,7 +8,7 @@ export ANSIBLE_FORCE_COLOR := 0
 export PY_COLORS := 0
 export NO_COLOR := 1
 
-.PHONY: help setup site verify teardown render kubernetes kwok kwok-teardown test sanity units pytest integration engine lint molecule molecule-destroy build changelog argspecs bench bench-routing study-routing freeze clean
+.PHONY: help setup site verify teardown render kubernetes kwok kwok-traffic gie-epp go-build kwok-teardown test sanity units pytest integration engine lint molecule molecule-destroy build changelog argspecs bench bench-site bench-load bench-routing study-routing freeze clean
 
 help:  ## List the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-17s %s\n", $$1, $$2}'
@@ -36,6 +36,15 @@ kubernetes: setup  ## The whole stack on a local kind cluster (needs a Docker en
 kwok: setup  ## The whole Kubernetes path on a local kwok cluster (a real API server, simulated nodes; builds it with Go the first time)
 	$(BIN)/ansible-playbook -i inventories/kwok playbooks/kubernetes.yml $(ARGS)
 
+kwok-traffic: setup  ## Real traffic on the kwok cluster (after `make kwok`): a real engine per engine pod, the GIE EPP routing to them (STATE=absent stops them)
+	$(BIN)/ansible-playbook -i inventories/kwok playbooks/kwok_traffic.yml $(if $(STATE),-e kwok_traffic_state=$(STATE)) $(ARGS)
+
+gie-epp: setup  ## Build the Gateway API Inference Extension's EPP and its InferencePool CRDs from the Go module proxy (once per version)
+	$(BIN)/ansible-playbook playbooks/go_build.yml
+
+go-build: setup  ## Build every Go program the tests run (kwok cluster, helm, the GIE EPP and its CRDs), once per version
+	$(BIN)/ansible-playbook playbooks/go_build.yml -e '{"kwok_cluster_builds": ["kubernetes", "etcd", "kwok", "helm", "gie"]}'
+
 kwok-teardown: setup  ## Stop the kwok cluster and remove its data (the built binaries stay)
 	$(BIN)/ansible-playbook -i inventories/kwok playbooks/teardown.yml
 
@@ -45,11 +54,10 @@ test: setup  ## Everything below, with a summary; fails if any stage fails
 sanity: setup  ## ansible-test sanity on a staged copy (no Docker)
 	scripts/ansible_test.sh sanity --local --python 3.11 --color no
 
-units: setup  ## ansible-test units on a staged copy (no Docker), then the filter plugins' tests
+units: setup  ## ansible-test units on a staged copy (no Docker): every test file under tests/unit, each in one group, once
 	scripts/ansible_test.sh units --local --python 3.11 --color no
-	@# ansible-test's controller group (tests/unit/plugins/filter) never starts here: its xdist workers fail to import
-	@# tests/unit/conftest.py beside pytest-ansible's collection path and it reports "no tests ran" with exit 0.
-	$(BIN)/pytest -q -p no:cacheprovider tests/unit/plugins/filter
+	@# A group that never starts reports "no tests ran" and exits 0: compare its junit reports with the files on disk.
+	$(BIN)/python scripts/check_units_collected.py
 
 # pytest with skip reasons and the slowest tests listed; with the real engine started when none runs, and required.
 PYTEST := $(BIN)/pytest -rs --durations=10
@@ -86,13 +94,36 @@ changelog: setup  ## antsibull-changelog lint
 argspecs: setup  ## meta/argument_specs.yml of every role matches its defaults/main.yml
 	$(BIN)/python scripts/check_argument_specs.py
 
+# bench_site.py installs and starts an engine on a fresh HOME (minutes): `make bench-site` runs it, `make bench` does not.
 bench: setup  ## Benchmarks (print numbers; not part of `make test`)
-	@for b in benchmarks/bench_*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
+	@for b in $(filter-out benchmarks/bench_site.py,$(wildcard benchmarks/bench_*.py)); do echo "== $$b"; $(BIN)/python $$b || exit 1; done
 
-# Two engines of playbooks/kv_index.yml on ports of their own (not those of `make test`: 8000, 8300-8301, 5557-5558, 5700-5703);
-# the second on 127.0.0.2 (the EPP tells endpoints apart by address and dials one KV port on each: 5810, through relays),
-# both with --enable-scale-out (the EPP's token producer reads /v1/completions/render).
-BENCH_ROUTING_JSON := {"kv_index_engines": [{"instance": "bench-a", "port": 8400, "kv_events_port": 5800, "replay_port": 5801}, {"instance": "bench-b", "host": "127.0.0.2", "port": 8401, "kv_events_port": 5802, "replay_port": 5803}], "local_engine_extra_args": ["--enable-scale-out"], "local_engine_env": {"VLLM_SERVER_DEV_MODE": "1"}}
+bench-site: setup  ## Where a first `make site` spends its time: site.yml on a fresh HOME (install, model build, engine start, first verification, the rest), then the second run (changed=0, under 20 s); engine on 8500, stopped at the end (ARGS: more options)
+	$(BIN)/python benchmarks/bench_site.py $(ARGS)
+
+# Four engines of playbooks/kv_index.yml (72 KV blocks each) on ports of their own (8510-8513, replay 5911-5917), each
+# binding its KV-event endpoint (an ipc:// path under out/bench-load), so that kv_index_check's core and one
+# kv_events_check per engine subscribe to the same stream; the restart stops and starts one engine part way.
+BENCH_LOAD_DIR := $(CURDIR)/out/bench-load
+BENCH_LOAD_FILE := $(BENCH_LOAD_DIR)/engines.json
+BENCH_LOAD_JSON := {"kv_index_engines": [{"instance": "load-a", "port": 8510, "kv_events_port": 5910, "replay_port": 5911, "kv_events_endpoint": "ipc://$(BENCH_LOAD_DIR)/load-a.kv"}, {"instance": "load-b", "port": 8511, "kv_events_port": 5912, "replay_port": 5913, "kv_events_endpoint": "ipc://$(BENCH_LOAD_DIR)/load-b.kv"}, \
+  {"instance": "load-c", "port": 8512, "kv_events_port": 5914, "replay_port": 5915, "kv_events_endpoint": "ipc://$(BENCH_LOAD_DIR)/load-c.kv"}, {"instance": "load-d", "port": 8513, "kv_events_port": 5916, "replay_port": 5917, "kv_events_endpoint": "ipc://$(BENCH_LOAD_DIR)/load-d.kv"}]}
+BENCH_LOAD_ENGINES := $(BIN)/ansible-playbook playbooks/kv_index.yml -e @$(BENCH_LOAD_FILE) -e kv_index_run_check=false
+BENCH_LOAD_RESTART := $(BENCH_LOAD_ENGINES) -e kv_index_only={engine}
+
+bench-load: setup  ## kv_index_check's core and a kv_events_check per engine over four real engines (8510-8513, stopped at the end) for MINUTES (10): bursts, evictions, one engine restarted (ARGS: more options)
+	@mkdir -p $(BENCH_LOAD_DIR) && printf '%s\n' '$(BENCH_LOAD_JSON)' > $(BENCH_LOAD_FILE); \
+	rc=0; stop() { $(BENCH_LOAD_ENGINES) -e kv_index_state=absent || { [ $$rc != 0 ] || rc=1; }; }; \
+	trap 'stop; exit $$rc' EXIT; trap 'rc=130; exit' INT TERM; \
+	$(BENCH_LOAD_ENGINES) || { rc=$$?; exit; }; \
+	$(BIN)/python benchmarks/bench_checks_load.py --require --engines-file $(BENCH_LOAD_FILE) --minutes $(or $(MINUTES),10) \
+	  --restart-command "$(BENCH_LOAD_RESTART) -e kv_index_state=absent && $(BENCH_LOAD_RESTART) -e kv_index_state=present" $(ARGS) || rc=$$?
+
+# Two engines of playbooks/kv_index.yml on ports of their own (not those of `make test`: 8000, 8300-8301, 5557-5558, 5700-5703):
+# one port, 8400, on 127.0.0.1 and 127.0.0.2 (an InferencePool, the GIE EPP's, has one target port for all its pods; the
+# llm-d EPP tells endpoints apart by address and dials one KV port on each: 5810, through relays), both with
+# --enable-scale-out (the llm-d EPP's token producer reads /v1/completions/render).
+BENCH_ROUTING_JSON := {"kv_index_engines": [{"instance": "bench-a", "port": 8400, "kv_events_port": 5800, "replay_port": 5801}, {"instance": "bench-b", "host": "127.0.0.2", "port": 8400, "kv_events_port": 5802, "replay_port": 5803}], "local_engine_extra_args": ["--enable-scale-out"], "local_engine_env": {"VLLM_SERVER_DEV_MODE": "1"}}
 BENCH_ROUTING_FILE := $(CURDIR)/out/bench-routing/engines.json
 BENCH_ROUTING_ENGINES := -e @$(BENCH_ROUTING_FILE)
 # The restart workload stops and starts one engine part way ({engine}: its instance name).
@@ -100,15 +131,21 @@ BENCH_RESTART := $(BIN)/ansible-playbook playbooks/kv_index.yml $(BENCH_ROUTING_
 BENCH_EPP_DIR := $(CURDIR)/out/bench-routing/epp
 BENCH_EPP_RENDER := -e bench_epp_dir=$(BENCH_EPP_DIR) -e bench_epp_token_url=http://127.0.0.1:8400 \
   -e '{"bench_epp_engine": {"served_model_name": "tiny", "block_size": 32, "hash_seed": "0", "topic": "kv@127.0.0.1:8400@tiny", "kv_events_port": 5810}}'
-BENCH_EPP_CONFIGS := $(foreach m,precise precise-speculative approximate approximate-equal,--epp-config $(m)=$(BENCH_EPP_DIR)/$(m)/router/epp-config.yaml)
+BENCH_EPP_CONFIGS := $(foreach m,precise precise-speculative approximate approximate-equal,--epp-config $(m)=$(BENCH_EPP_DIR)/$(m)/router/epp-config.yaml) \
+  $(foreach m,gie gie-equal,--gie-config $(m)=$(BENCH_EPP_DIR)/$(m)/router/epp-config.yaml)
+# The GIE EPP's kwok cluster (benchmarks/kwok_cluster.yml, started and stopped by bench_routing.py; stopped here too if
+# it is still there at the end).
+BENCH_KWOK := $(BIN)/ansible-playbook benchmarks/kwok_cluster.yml
+BENCH_KWOK_DIR := $(HOME)/.cache/inference_cache/kwok_cluster/clusters/substrate-bench
 
-bench-routing: setup  ## Routing policies on two real engines (8400-8401, stopped at the end): the stand-in router, and the real EPP beside it given EPP=<binary> or SUBSTRATE_EPP_BINARY (ARGS: more options)
+bench-routing: setup  ## Routing policies on two real engines (port 8400 on 127.0.0.1 and 127.0.0.2, stopped at the end): the stand-in router, and real EPPs beside it: EPP=gie, EPP=/path/to/llm-d-epp or both (default: llm-d's where it can be had, else GIE's; ARGS: more options)
 	@mkdir -p $(dir $(BENCH_ROUTING_FILE)) && printf '%s\n' '$(BENCH_ROUTING_JSON)' > $(BENCH_ROUTING_FILE); \
-	rc=0; stop() { $(BIN)/ansible-playbook playbooks/kv_index.yml $(BENCH_ROUTING_ENGINES) -e kv_index_state=absent || { [ $$rc != 0 ] || rc=1; }; }; \
+	rc=0; stop() { $(BIN)/ansible-playbook playbooks/kv_index.yml $(BENCH_ROUTING_ENGINES) -e kv_index_state=absent || { [ $$rc != 0 ] || rc=1; }; \
+	  [ ! -d $(BENCH_KWOK_DIR) ] || $(BENCH_KWOK) -e kwok_cluster_state=absent || { [ $$rc != 0 ] || rc=1; }; }; \
 	trap 'stop; exit $$rc' EXIT; trap 'rc=130; exit' INT TERM; \
 	$(BIN)/ansible-playbook benchmarks/epp_configs.yml $(BENCH_EPP_RENDER) || { rc=$$?; exit; }; \
 	$(BIN)/ansible-playbook playbooks/kv_index.yml $(BENCH_ROUTING_ENGINES) -e kv_index_run_check=false || { rc=$$?; exit; }; \
-	$(BIN)/python benchmarks/bench_routing.py --require $(if $(EPP),--epp $(EPP)) $(BENCH_EPP_CONFIGS) \
+	$(BIN)/python benchmarks/bench_routing.py --require $(foreach e,$(EPP),--epp $(e)) $(BENCH_EPP_CONFIGS) \
 	  --restart-command "$(BENCH_RESTART) -e kv_index_state=absent && $(BENCH_RESTART) -e kv_index_state=present" $(ARGS) || rc=$$?
 
 study-routing: setup  ## The routing study: every workload of bench-routing, every policy, three seeds, into out/bench-routing/study (table, plots; EPP= as above)

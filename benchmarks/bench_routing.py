@@ -4,7 +4,7 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
 
-"""Prefix-cache routing policies on real vLLM engines: the collection's stand-in router, and the real llm-d EPP beside it.
+"""Prefix-cache routing policies on real vLLM engines: the collection's stand-in router, and real EPPs beside it.
 
 This measures the routing claim on real engines. Each request is routed to ONE of the engines, by the
 collection's stand-in router (its own index in the llm-d EPP's place) under one of five policies:
@@ -22,19 +22,36 @@ collection's stand-in router (its own index in the llm-d EPP's place) under one 
 
 Ties are broken the same way in every stand-in policy: fewest requests sent so far in this configuration, then name.
 
-Given an EPP binary (``--epp``, or ``SUBSTRATE_EPP_BINARY``; ``make bench-routing EPP=...``), the same workload also
-goes through the real llm-d EPP, one policy ``epp:NAME`` per ``--epp-config NAME=PATH`` (``make bench-routing``
-renders the router role's precise, precise-speculative, approximate and approximate-equal (all scorer weights 1)
-configs with ``benchmarks/epp_configs.yml``):
-a fresh EPP per configuration, with file discovery over the engines (``tools/_epp_local.py``), asked for its pick
-over ext_proc exactly as Envoy asks (``epp/extproc.ask_pick``: headers and body, the pick read from
-``x-gateway-destination-endpoint``), and the request then sent to the picked engine. The EPP runs in a network
-namespace whose only interface is loopback (it listens on every interface and has no bind flag);
-``--epp-listen-all`` runs it unconfined. Each engine connects to its KV-event endpoint; a relay binds it and
-republishes at ``tcp://<engine address>:<--kv-port>``, the one port the EPP's precise producer dials per endpoint
-(``podDiscoveryConfig.socketPort``), which this script subscribes to as well. The second engine runs on 127.0.0.2
-(the EPP tells endpoints apart by address and dials one KV port on each) and every engine with
-``--enable-scale-out`` (the token producer reads ``/v1/completions/render``, 403 without it).
+Real EPPs (``--epp``, repeatable; ``make bench-routing EPP="..."``), each with its own configurations, one policy
+``epp:NAME`` per configuration (names distinct over both EPPs; ``make bench-routing`` renders them all with the router
+role, ``benchmarks/epp_configs.yml``):
+
+* the llm-d EPP (``--epp PATH``, ``--epp llm-d``, or ``SUBSTRATE_EPP_BINARY``), configurations ``--epp-config
+  NAME=PATH`` (the role's precise, precise-speculative, approximate and approximate-equal (all scorer weights 1)): a
+  fresh EPP per configuration, with file discovery over the engines (``tools/_epp_local.py``). Each engine connects
+  to its KV-event endpoint; a relay binds it and republishes at ``tcp://<engine address>:<--kv-port>``, the one port
+  the EPP's precise producer dials per endpoint (``podDiscoveryConfig.socketPort``), which this script subscribes to
+  as well; every engine runs with ``--enable-scale-out`` (the token producer reads ``/v1/completions/render``, 403
+  without it).
+* the Gateway API Inference Extension's EPP (``--epp gie``: the build of ``make gie-epp``, built when missing; or
+  ``--epp gie=PATH``), configurations ``--gie-config NAME=PATH`` (the role's ``router_impl: gie`` render: gie, at
+  its weights queue 2, KV-cache utilization 2, prefix 3; gie-equal, all at 1): approximate prefix-cache scoring from
+  its own routing history (character blocks of 4 characters per token, the engines' block size and cache size read
+  from their metrics), no KV events. It discovers its endpoints through the Kubernetes API only, so this script
+  starts a kwok cluster (``benchmarks/kwok_cluster.yml``: roles/kwok_cluster, a name and ports of its own) holding
+  one simulated pod per engine whose IP is the engine's address (kwok_cluster's pod-IP stage) and an InferencePool
+  over them (``tools/_epp_local.GIEPool``, the CRDs generated from GIE's API types); a fresh EPP per configuration
+  reconciles that pool as in a cluster (its metrics count the ready pods before the first request). An
+  InferencePool has one target port, so the engines listen on one port, each on its own 127.x address. The
+  cluster, the pool and every EPP are stopped at the end, also on failure.
+
+Without ``--epp`` (and without ``SUBSTRATE_EPP_BINARY``): llm-d's EPP where it can be had (the cache, ``go
+install``), else the GIE EPP (``tools/_epp_local.resolve_epp``). An EPP named by a word (``llm-d``, ``gie``, or
+none) that cannot be had is left out with one sentence and the rest runs; a binary given by path that is not
+executable fails the run. Every EPP is asked for its pick over ext_proc exactly as Envoy asks
+(``epp/extproc.ask_pick``: headers and body, the pick read from ``x-gateway-destination-endpoint``), and the
+request is then sent to the picked engine. Each EPP runs in a network namespace whose only interface is loopback
+(it listens on every interface and has no bind flag); ``--epp-listen-all`` runs it unconfined.
 
 Workloads are named (``--workload``, ``WORKLOADS``; ``all`` runs every one) and parameterised: tenants (prompt
 families) with a long shared prefix each, picked with a Zipf skew, each request a new question or a follow-up that
@@ -57,22 +74,25 @@ tokens per request (``usage.prompt_tokens_details.cached_tokens``), how often th
 longest cached prefix (refereed by the exact index, copies counted, read just before the request; the index's
 prediction for the chosen engine is checked against what it then reports, in sequential workloads), time to first token measured by
 streaming (p50/p90; requests ask for ``max_tokens`` tokens, 1 by default, so the whole request takes about
-as long), requests failed. Configurations run one after the other, so load from other processes on the
+as long), requests failed; for a real EPP, the mean share of each prompt its own prefix index matched on the
+engine it picked (``inference_extension_prefix_indexer_hit_ratio``, which the GIE EPP exports). Configurations run
+one after the other, so load from other processes on the
 machine affects their latencies unevenly.
 
 With more than one workload or seed (or ``--report DIR``) the study is written to a folder
 (``benchmarks/_study_report.py``): every run as JSON lines, the summary, ``report.md`` with a table per workload,
 and plots of hit rate and TTFT per policy per workload with their spread (SVG).
 
-``make bench-routing`` starts two engines through ``playbooks/kv_index.yml`` on ports 8400/8401 (events
-5800/5802, replay 5801/5803), runs this with ``--require`` and stops them; ``make study-routing`` runs every
+``make bench-routing`` starts two engines through ``playbooks/kv_index.yml`` on 127.0.0.1:8400 and 127.0.0.2:8400
+(events 5800/5802, replay 5801/5803), runs this with ``--require`` and stops them; ``make study-routing`` runs every
 workload with three seeds into ``out/bench-routing/study``. Without engines (``make bench``) it prints that it
 skipped and exits 0.
 
   .venv/bin/python benchmarks/bench_routing.py [--engine NAME=[HOST:]PORT,EVENTS_PORT,REPLAY_PORT ...] [--requests 80]
       [--workload bench|NAME,...|all] [--repeats 1] [--report DIR] [--policies precise,...] [--seed 0] [--json] [--require]
       [--tenants N] [--prefix-words N] [--zipf X] [--follow-up X]
-      [--epp BINARY --epp-config NAME=PATH ... [--kv-port 5810] [--epp-listen-all]]
+      [--epp BINARY|llm-d|gie|gie=BINARY ... --epp-config NAME=PATH ... --gie-config NAME=PATH ... [--kv-port 5810]
+       [--epp-listen-all]]
 """
 
 from __future__ import absolute_import, division, print_function
@@ -85,6 +105,7 @@ import json
 import os
 import random
 import re
+import signal
 import subprocess
 import sys
 import tempfile
@@ -104,12 +125,14 @@ wiring = module_utils("common.wiring")
 errors = module_utils("common.errors")
 extproc = route_check = None   # epp.extproc and epp.route_check (grpcio, xds-protos), imported when an EPP is given
 import _epp_local  # noqa: E402  pylint: disable=wrong-import-position
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _study_report as study_report  # noqa: E402  pylint: disable=wrong-import-position
 
 POLICIES = ("precise", "precise-speculative", "approximate", "load-only", "random")
 SPECULATIVE_TTL = 2.0   # seconds: the router role's router_speculative_ttl default (2s)
-DEFAULT_ENGINES = ("bench-a=8400,5800,5801", "bench-b=127.0.0.2:8401,5802,5803")
+# One port on two addresses: an InferencePool (the GIE EPP) has one target port for all its pods.
+DEFAULT_ENGINES = ("bench-a=8400,5800,5801", "bench-b=127.0.0.2:8400,5802,5803")
 COUNTER_RE = re.compile(r"^(vllm:prefix_cache_(?:hits|queries)_total)(?:\{[^}]*\})?\s+(\S+)\s*$", re.M)
 
 
@@ -231,7 +254,7 @@ class RoutingBench(check.KVIndexCheck):
         self.restart_command = restart_command
         self.configs = configs
         self.seed = seed
-        self.epp = epp   # EPPLane or None
+        self.epp = epp   # Lanes (the real EPPs) or None
         self.rows = []
         self.state = None
         self.token_counts = {}
@@ -261,8 +284,9 @@ class RoutingBench(check.KVIndexCheck):
             self.settle()
             for label, policy, spec, requests in self.configs:
                 if policy.startswith("epp:"):
-                    with self.epp.router(policy[4:], count=int(spec["routers"])):
+                    with self.epp.router(policy[4:], count=int(spec["routers"])) as epps:
                         row = self.run_policy(policy, requests, spec)
+                        row["epp_prefix_match"] = epp_prefix_match(epps)
                 else:
                     row = self.run_policy(policy, requests, spec)
                 row.update(label=label, workload=spec.get("name", "custom"), seed=spec.get("seed", self.seed))
@@ -517,7 +541,7 @@ class RoutingBench(check.KVIndexCheck):
         latencies = [r["latency"] for r in recs]
         return {
             "policy": policy,
-            "router": "EPP" if policy.startswith("epp:") else "stand-in",
+            "router": self.epp.label(policy[4:]) if policy.startswith("epp:") and self.epp is not None else "stand-in",
             "requests": len(recs) + self.state["failed"],
             "failed": self.state["failed"],
             "failures": list(self.state["failures"]),
@@ -552,8 +576,43 @@ class RoutingBench(check.KVIndexCheck):
 _Routed = collections.namedtuple("_Routed", "step name tokens precise body since")
 
 
+# The real EPPs the bench knows (tools/_epp_local.IMPLS) and how the report names them.
+EPP_LABELS = {"llm-d": "llm-d EPP %s" % wiring.ROUTER_VERSION, "gie": "GIE EPP %s" % _epp_local.GIE_VERSION}
+EPP_WORDS = {"llm-d": "the llm-d router's EPP %s" % wiring.ROUTER_VERSION,
+             "gie": "the Gateway API Inference Extension's EPP %s" % _epp_local.GIE_VERSION}
+# The GIE lane's side of Kubernetes: the kwok cluster of benchmarks/kwok_cluster.yml, its namespace and InferencePool.
+KWOK_PLAYBOOK = os.path.join(ROOT, "benchmarks", "kwok_cluster.yml")
+GIE_NAMESPACE, GIE_POOL = "bench-routing", "bench-routing-pool"
+PREFIX_MATCH_RE = re.compile(r"^(?:inference_extension|llm_d_epp)_prefix_indexer_hit_ratio_(sum|count)(?:\{[^}]*\})?\s+(\S+)\s*$", re.M)
+
+
+def prefix_match(metrics_texts):
+    """The mean share of each prompt an EPP's own prefix index matched on the endpoint it picked, over the EPPs' metrics
+    texts: the GIE EPP's inference_extension_prefix_indexer_hit_ratio histogram, observed at each pick
+    (sigs.k8s.io/gateway-api-inference-extension@v1.4.0: pkg/epp/metrics/metrics.go RecordPrefixCacheMatch, called by
+    the prefix-cache-scorer's PreRequest); None where none exports it."""
+    total = {"sum": 0.0, "count": 0.0}
+    for text in metrics_texts:
+        for kind, value in PREFIX_MATCH_RE.findall(text or ""):
+            total[kind] += float(value)
+    return round(total["sum"] / total["count"], 4) if total["count"] else None
+
+
+def epp_prefix_match(epps):
+    """``prefix_match`` of the running ``epps`` (their metrics read now)."""
+    texts = []
+    for epp in epps:
+        try:
+            texts.append(http.OpenAIClient(epp.metrics_url.rsplit("/metrics", 1)[0], timeout=5).get_text("/metrics"))
+        except http.OpenAIHTTPError:
+            continue
+    return prefix_match(texts)
+
+
 class EPPLane:
-    """The real EPP for the ``epp:NAME`` policies: one KV relay per engine, a fresh EPP per configuration."""
+    """The real llm-d EPP for its ``epp:NAME`` policies: one KV relay per engine, a fresh EPP per configuration."""
+
+    impl = "llm-d"
 
     def __init__(self, binary, configs, specs, kv_port, folder, confine=True):
         self.binary = binary
@@ -564,6 +623,13 @@ class EPPLane:
         self.confine = confine
         self.relays = []
         self.current = None
+
+    def label(self, _name=None):
+        return EPP_LABELS[self.impl]
+
+    def describe(self):
+        return "%s: %s (%s), with file discovery over the engines and a KV relay per engine" % (
+            ", ".join("epp:%s" % n for n in sorted(self.configs)), EPP_WORDS[self.impl], self.binary)
 
     def open(self):
         """Bind the relays (each engine connects to its own endpoint); the bench then subscribes to their public side."""
@@ -576,6 +642,7 @@ class EPPLane:
     def close(self):
         for relay in self.relays:
             relay.stop()
+        self.relays = []
 
     @staticmethod
     def _precise(config):
@@ -594,21 +661,26 @@ class EPPLane:
                     raise errors.CheckError("EPP config %s dials KV events on port %s but the relays publish on %d: render it with "
                                             "kv_events_port %d, or pass --kv-port %s." % (name, port, self.kv_port, self.kv_port, port))
 
+    def _new(self, name, i):
+        return _epp_local.EPP(self.binary, self.configs[name], [(s["name"], s["host"], s["port"]) for s in self.specs], self.folder,
+                              name="epp-%s-%d" % (re.sub(r"[^\w.-]", "-", name), i), confine=self.confine)
+
+    def _ready(self, epp, name, before):
+        """Once the EPP subscribes to every relay when it reads events."""
+        if any((p.get("kvEventsConfig") or {}).get("discoverPods") for p in self._precise(self.configs[name])):
+            _epp_local.wait_subscribed(self.relays, [n + 1 for n in before])
+
     @contextlib.contextmanager
     def router(self, name, count=1):
-        """``count`` fresh EPPs with config ``name`` (an index each); once each subscribes to every relay when it reads events."""
-        config = self.configs[name]
-        reads = any((p.get("kvEventsConfig") or {}).get("discoverPods") for p in self._precise(config))
+        """``count`` fresh EPPs with config ``name`` (an index each), each ready to route."""
         epps = []
         try:
             for i in range(count):
                 before = [len(r.subscriptions) for r in self.relays]
-                epp = _epp_local.EPP(self.binary, config, [(s["name"], s["host"], s["port"]) for s in self.specs], self.folder,
-                                     name="epp-%s-%d" % (re.sub(r"[^\w.-]", "-", name), i), confine=self.confine)
+                epp = self._new(name, i)
                 epps.append(epp)
                 epp.start()
-                if reads:
-                    _epp_local.wait_subscribed(self.relays, [n + 1 for n in before])
+                self._ready(epp, name, before)
         except _epp_local.EPPError as exc:
             for epp in epps:
                 epp.stop()
@@ -622,6 +694,173 @@ class EPPLane:
                 epp.stop()
 
 
+def one_port(specs):
+    """The engines' common port: an InferencePool has one target port for all its pods, told apart by address."""
+    ports = sorted(set(int(s["port"]) for s in specs))
+    hosts = [s["host"] for s in specs]
+    if len(ports) != 1 or len(set(hosts)) != len(hosts):
+        raise errors.CheckError(
+            "The GIE EPP reaches its engines through one InferencePool, which has one target port for all its pods, but the "
+            "engines are %s: run them on one port, each on its own 127.x address (--engine NAME=127.0.0.2:PORT,...)." % ", ".join(
+                "%s on %s:%s" % (s["name"], s["host"], s["port"]) for s in specs))
+    return ports[0]
+
+
+class KwokCluster:
+    """The kwok cluster of benchmarks/kwok_cluster.yml: started by ``start()`` (its kubeconfig returned), removed by ``stop()``.
+
+    The playbook's output goes to stderr (a first start builds kube-apiserver and the rest from the Go module proxy, with a
+    progress line every 10 s); a failure becomes one sentence with the playbook's last message."""
+
+    def __init__(self, folder, playbook=KWOK_PLAYBOOK, extra=()):
+        self.folder = folder
+        self.playbook = playbook
+        self.extra = list(extra)
+        self.info = None
+        self.started = False
+
+    def _run(self, state):
+        binary = os.path.join(ROOT, ".venv", "bin", "ansible-playbook")
+        info = os.path.join(self.folder, "kwok-info.json")
+        cmd = [binary if os.path.exists(binary) else "ansible-playbook", self.playbook, "-e", "kwok_cluster_state=%s" % state,
+               "-e", "bench_kwok_info=%s" % info] + self.extra
+        env = dict(os.environ, ANSIBLE_CONFIG=os.path.join(ROOT, "ansible.cfg"), ANSIBLE_FORCE_COLOR="0", ANSIBLE_NOCOLOR="1")
+        log = os.path.join(self.folder, "kwok-%s.log" % state)
+        with open(log, "w", encoding="utf-8") as out:
+            proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # pylint: disable=consider-using-with
+            for line in proc.stdout:
+                out.write(line)
+                sys.stderr.write(line)
+            proc.wait()
+        if proc.returncode != 0:
+            with open(log, encoding="utf-8") as handle:
+                said = [line.strip() for line in handle if '"msg":' in line or line.strip().startswith("msg:")]
+            raise errors.CheckError("The kwok cluster of %s did not reach state %s (%s); its output is in %s." % (
+                os.path.relpath(self.playbook, ROOT), state, (said[-1].split(":", 1)[1].strip(' "') if said else "exit %d" % proc.returncode)[:300], log))
+        if state == "present":
+            with open(info, encoding="utf-8") as handle:
+                self.info = json.load(handle)
+        return self.info
+
+    def start(self):
+        self.started = True
+        return self._run("present")["kubeconfig"]
+
+    def stop(self):
+        if self.started:
+            self.started = False
+            self._run("absent")
+
+
+class GIELane(EPPLane):
+    """The Gateway API Inference Extension's EPP for its ``epp:NAME`` policies: a kwok cluster, an InferencePool over one
+    simulated pod per engine (each pod's IP its engine's address), a fresh EPP per configuration reconciling that pool."""
+
+    impl = "gie"
+
+    def __init__(self, binary, configs, specs, folder, confine=True, cluster=None):
+        super(GIELane, self).__init__(binary, configs, specs, None, folder, confine=confine)
+        self.cluster = cluster if cluster is not None else KwokCluster(folder)
+        self.port = one_port(specs)
+        self.pool = None
+        self.kubeconfig = None
+
+    def describe(self):
+        return ("%s: %s (%s), discovering the engines through InferencePool %s/%s of kwok cluster %s (a simulated pod per "
+                "engine, its IP the engine's address)" % (
+                    ", ".join("epp:%s" % n for n in sorted(self.configs)), EPP_WORDS[self.impl], self.binary, GIE_NAMESPACE, GIE_POOL,
+                    (self.cluster.info or {}).get("name", "?")))
+
+    def open(self):
+        """The kwok cluster, the InferencePool CRDs, the namespace, the pool and its pods (until they run with the engines' IPs)."""
+        self.kubeconfig = self.cluster.start()
+        try:
+            self.pool = _epp_local.GIEPool(self.kubeconfig, GIE_NAMESPACE, GIE_POOL, [(s["name"], s["host"]) for s in self.specs], self.port)
+            self.pool.apply(crds=_epp_local.gie_crds())
+        except Exception as exc:  # pylint: disable=broad-except
+            raise errors.CheckError("The GIE EPP's InferencePool could not be set up in the kwok cluster: %s" % (
+                str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__))
+        return self
+
+    def close(self):
+        """The pool (its namespace), then the cluster; each tried even when the other fails."""
+        problems = []
+        if self.pool is not None:
+            try:
+                self.pool.delete()
+            except Exception as exc:  # pylint: disable=broad-except
+                problems.append("the pool: %s" % exc)
+            self.pool = None
+        try:
+            self.cluster.stop()
+        except errors.CheckError as exc:
+            problems.append(exc.msg)
+        if problems:
+            raise errors.CheckError("Stopping the GIE lane failed: %s" % "; ".join(problems))
+
+    def check_configs(self, block_size):
+        """A block size in a config's prefix-cache-scorer is the engines' (the EPP falls back to it without their metrics)."""
+        for name, config in sorted(self.configs.items()):
+            for plugin in config.get("plugins") or []:
+                size = (plugin.get("parameters") or {}).get("blockSizeTokens") if plugin.get("type") == "prefix-cache-scorer" else None
+                if size is not None and int(size) != block_size:
+                    raise errors.CheckError("GIE config %s hashes blocks of %s tokens but the engines' blocks hold %d: render it with "
+                                            "the engines' block size." % (name, size, block_size))
+
+    def _new(self, name, i):
+        return _epp_local.EPP(self.binary, self.configs[name], [(s["name"], s["host"], s["port"]) for s in self.specs], self.folder,
+                              name="epp-%s-%d" % (re.sub(r"[^\w.-]", "-", name), i), confine=self.confine, impl="gie",
+                              pool=GIE_POOL, kubeconfig=self.kubeconfig, namespace=GIE_NAMESPACE)
+
+    def _ready(self, epp, name, before):
+        """Once its metrics count every engine's pod ready in the pool: it reconciled the InferencePool."""
+        epp.wait_ready_pods(len(self.specs), GIE_POOL)
+
+
+class Lanes:
+    """Every real EPP of the run, by configuration name; ``current`` the EPPs of the configuration that runs."""
+
+    def __init__(self, lanes):
+        self.lanes = list(lanes)
+        self.by_name = {}
+        for lane in self.lanes:
+            for name in lane.configs:
+                self.by_name[name] = lane
+        self.current = None
+
+    def label(self, name):
+        return self.by_name[name].label(name)
+
+    def check_configs(self, block_size):
+        for lane in self.lanes:
+            lane.check_configs(block_size)
+
+    def open(self):
+        for lane in self.lanes:
+            lane.open()
+        return self
+
+    def close(self):
+        """Every lane, each tried; the first failure raised after all."""
+        problems = []
+        for lane in self.lanes:
+            try:
+                lane.close()
+            except errors.CheckError as exc:
+                problems.append(exc)
+        if problems:
+            raise problems[0]
+
+    @contextlib.contextmanager
+    def router(self, name, count=1):
+        with self.by_name[name].router(name, count=count) as epps:
+            self.current = epps
+            try:
+                yield epps
+            finally:
+                self.current = None
+
+
 def parse_engine(text):
     match = re.match(r"^([\w.-]+)=(?:([\d.]+):)?(\d+),(\d+),(\d+)$", text)
     if not match:
@@ -633,18 +872,112 @@ def parse_engine(text):
             "topic": wiring.kv_topic(host, port, "")}
 
 
-def parse_epp_config(text):
-    name, sep, path = text.partition("=")
-    if not sep or not re.match(r"^[\w.-]+$", name):
-        raise argparse.ArgumentTypeError("--epp-config wants NAME=PATH, got %r" % text)
-    try:
-        with open(path, encoding="utf-8") as handle:
-            config = yaml.safe_load(handle)
-    except (OSError, yaml.YAMLError) as exc:
-        raise argparse.ArgumentTypeError("--epp-config %s: cannot read %s (%s)" % (name, path, exc))
-    if not isinstance(config, dict):
-        raise argparse.ArgumentTypeError("--epp-config %s: %s holds no EndpointPickerConfig mapping" % (name, path))
-    return name, config
+def config_parser(option):
+    """The argparse type of ``option`` (--epp-config, --gie-config): NAME=PATH, the file an EndpointPickerConfig mapping."""
+    def parse(text):
+        name, sep, path = text.partition("=")
+        if not sep or not re.match(r"^[\w.-]+$", name):
+            raise argparse.ArgumentTypeError("%s wants NAME=PATH, got %r" % (option, text))
+        try:
+            with open(path, encoding="utf-8") as handle:
+                config = yaml.safe_load(handle)
+        except (OSError, yaml.YAMLError) as exc:
+            raise argparse.ArgumentTypeError("%s %s: cannot read %s (%s)" % (option, name, path, exc))
+        if not isinstance(config, dict):
+            raise argparse.ArgumentTypeError("%s %s: %s holds no EndpointPickerConfig mapping" % (option, name, path))
+        return name, config
+    return parse
+
+
+parse_epp_config = config_parser("--epp-config")
+parse_gie_config = config_parser("--gie-config")
+
+
+def parse_epp(text):
+    """``--epp``: ``(impl, path or None)``: a word (llm-d, gie) for that EPP from its usual place, IMPL=PATH for a binary of
+    that EPP, or a path, the llm-d EPP's binary."""
+    impl, sep, path = text.partition("=")
+    if text in _epp_local.IMPLS:
+        return text, None
+    if sep and impl in _epp_local.IMPLS and path:
+        return impl, path
+    if not text or (sep and re.match(r"^[\w-]+$", impl)):
+        raise argparse.ArgumentTypeError("--epp wants a binary's path, %s, or IMPL=PATH with IMPL %s; got %r" % (
+            " or ".join(_epp_local.IMPLS), " or ".join(_epp_local.IMPLS), text))
+    return "llm-d", text
+
+
+def asked_epps(given, env=None):
+    """``[(impl or None, path or None)]``: the EPPs asked for (``--epp`` values parsed), else ``SUBSTRATE_EPP_BINARY`` (of
+    ``SUBSTRATE_EPP_IMPL``, llm-d by default), else ``[(None, None)]``: llm-d's where it can be had, else the GIE EPP."""
+    env = os.environ if env is None else env
+    if given:
+        impls = [impl for impl, _path in given]
+        twice = sorted(set(i for i in impls if impls.count(i) > 1))
+        if twice:
+            raise argparse.ArgumentTypeError("--epp names the %s EPP more than once; give each EPP once" % ", ".join(twice))
+        return list(given)
+    if env.get("SUBSTRATE_EPP_BINARY"):
+        return [(env.get("SUBSTRATE_EPP_IMPL") or "llm-d", env["SUBSTRATE_EPP_BINARY"])]
+    return [(None, None)]
+
+
+def _default_resolvers():
+    return {"llm-d": lambda: _epp_local.resolve_binary(given=None),
+            "gie": _epp_local.resolve_gie,
+            None: lambda: (lambda path, impl, why: ((impl, path), why))(*_epp_local.resolve_epp(None, None))}
+
+
+def resolve_epps(asked, resolvers=None):
+    """``({impl: binary}, [sentence per EPP left out], failure sentence or None)``.
+
+    A binary given by path must be executable (else the run fails with one sentence); an EPP asked for by a word, or none
+    asked for (llm-d's where it can be had, else the GIE EPP), that cannot be had is left out with one sentence."""
+    resolvers = resolvers or _default_resolvers()
+    found, left_out = {}, []
+    for impl, path in asked:
+        if path is not None:
+            if os.path.isfile(path) and os.access(path, os.X_OK):
+                found[impl] = path
+                continue
+            return {}, [], "%s is no executable file; give the path of %s binary." % (path, EPP_WORDS[impl])
+        if impl is None:
+            (got_impl, got), why = resolvers[None]()
+            if got:
+                found[got_impl] = got
+            else:
+                left_out.append("the real EPP is left out: %s" % why)
+            continue
+        got, why = resolvers[impl]()
+        if got:
+            found[impl] = got
+        else:
+            left_out.append("%s is left out: %s" % (EPP_WORDS[impl], why))
+    return found, left_out, None
+
+
+def epp_policies(configs_by_impl):
+    """``{"epp:NAME": impl}`` over every EPP's configurations; a name given to two EPPs is refused."""
+    out = {}
+    for impl in sorted(configs_by_impl):
+        for name, _config in configs_by_impl[impl]:
+            policy = "epp:%s" % name
+            if policy in out and out[policy] != impl:
+                raise argparse.ArgumentTypeError("configuration %s is given for both the %s and the %s EPP; give each its own name" % (
+                    name, out[policy], impl))
+            out[policy] = impl
+    return out
+
+
+def select_configs(configs_by_impl, found, policies):
+    """The configurations that run: ``{impl: {name: config}}`` of the EPPs found, those whose policy ``epp:NAME`` is in
+    ``policies``; an EPP with none is not there."""
+    out = {}
+    for impl in sorted(found):
+        mine = dict((name, config) for name, config in configs_by_impl.get(impl) or [] if "epp:%s" % name in policies)
+        if mine:
+            out[impl] = mine
+    return out
 
 
 def reachable(spec):
@@ -661,13 +994,13 @@ def fmt(value, pattern="%s"):
 
 def table(rows):
     lines = [
-        "| Policy | Seed | Hit rate (engine counters) | Cached tokens / request | Chose the longest cached prefix | "
+        "| Policy | Router | Seed | Hit rate (engine counters) | Cached tokens / request | Chose the longest cached prefix | "
         "TTFT p50 / p90 (ms) | Failed | Requests per engine | Evicted blocks |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
-        lines.append("| %s | %s | %s (%d/%d tokens) | %s of %s | %d/%d (%d/%d with a cached prefix somewhere) | %s / %s | %d/%d | %s | %s |" % (
-            r["policy"], r.get("seed"), fmt(None if r["hit_rate"] is None else 100.0 * r["hit_rate"], "%.1f%%"), r["counter_hits"],
+        lines.append("| %s | %s | %s | %s (%d/%d tokens) | %s of %s | %d/%d (%d/%d with a cached prefix somewhere) | %s / %s | %d/%d | %s | %s |" % (
+            r["policy"], r.get("router", "-"), r.get("seed"), fmt(None if r["hit_rate"] is None else 100.0 * r["hit_rate"], "%.1f%%"), r["counter_hits"],
             r["counter_queries"], fmt(r["cached_per_request"]), fmt(r["prompt_tokens_per_request"]), r["held_longest"],
             r["requests"] - r["failed"], r["held_longest_of_those"], r["steps_with_a_cached_prefix"], fmt(r["ttft_ms_p50"]),
             fmt(r["ttft_ms_p90"]), r["failed"], r["requests"],
@@ -676,17 +1009,41 @@ def table(rows):
     return lines
 
 
-def epp_lane(args, engines):
-    """The real EPP's lane, None when no config is given, or a sentence saying why there is none."""
-    if not args.epp_config:
-        return None, None
-    binary, why = _epp_local.resolve_binary(args.epp)
-    if not binary:
-        return None, why
+CONFIG_OPTIONS = {"llm-d": "--epp-config", "gie": "--gie-config"}
+
+
+def epp_lanes(args, engines, policies, resolvers=None):
+    """The real EPPs' lanes for ``policies`` (a Lanes, or None), the sentences of the EPPs left out, and a failure sentence."""
+    configs_by_impl = {"llm-d": args.epp_config, "gie": args.gie_config}
+    by_policy = epp_policies(configs_by_impl)
+    wanted = set(by_policy[p] for p in policies if p in by_policy)
+    asked = asked_epps(args.epp)
+    left_out = ["%s is left out: no configuration of it is given (%s NAME=PATH)" % (EPP_WORDS[impl], CONFIG_OPTIONS[impl])
+                for impl, _path in asked if impl is not None and not configs_by_impl.get(impl)]
+    if asked == [(None, None)] and len(wanted) == 1:
+        asked = [(list(wanted)[0], None)]   # none asked for, the policies name one EPP: that one
+    asked = [(impl, path) for impl, path in asked if impl is None or impl in wanted]
+    if not asked:
+        return None, left_out, None
+    found, more, failed = resolve_epps(asked, resolvers)
+    if failed:
+        return None, [], failed
+    configs = select_configs(configs_by_impl, found, policies)
+    if not configs:
+        return None, left_out + more, None
     global extproc, route_check  # pylint: disable=global-statement
     extproc, route_check = module_utils("epp.extproc"), module_utils("epp.route_check")
     folder = tempfile.mkdtemp(prefix="bench-routing-epp-")
-    return EPPLane(binary, dict(args.epp_config), engines, args.kv_port, folder, confine=not args.epp_listen_all), None
+    lanes = []
+    try:
+        for impl in sorted(configs):
+            if impl == "gie":
+                lanes.append(GIELane(found[impl], configs[impl], engines, folder, confine=not args.epp_listen_all))
+            else:
+                lanes.append(EPPLane(found[impl], configs[impl], engines, args.kv_port, folder, confine=not args.epp_listen_all))
+    except errors.CheckError as exc:
+        return None, left_out + more, exc.msg
+    return Lanes(lanes), left_out + more, None
 
 
 def fit_prefix_words(bench, spec, requests, seed):
@@ -699,6 +1056,20 @@ def fit_prefix_words(bench, spec, requests, seed):
     return max(8, min(400, words_))
 
 
+def draw_tag(rng, tokens_of, want=None, attempts=500):
+    """``(tag, its token count)``: a tag "r12345:" whose tokens, followed by " tenant", number ``want`` (any for None).
+
+    Every configuration's prompts start with their own tag; with tags of one token count the prompts of one workload and
+    seed have the same token counts whatever the engines' tokenizer makes of the digits (drawn freely, the tags of one run here differed by a token)."""
+    for _attempt in range(attempts):
+        tag = "r%05d:" % rng.randrange(10000, 100000)
+        count = tokens_of(tag + " tenant")
+        if want is None or count == want:
+            return tag, count
+    raise errors.CheckError("No tag r10000: to r99999: of %s tokens came up in %d draws; the engines' tokenizer splits them "
+                            "unlike any seen before." % (want, attempts))
+
+
 def plan(args, names, policies, seeds):
     """A callable for RoutingBench: the configurations, built once the engines' tokenizer and cache sizes are known."""
     overrides = {"tenants": args.tenants, "prefix_words": args.prefix_words, "zipf": args.zipf, "follow_up": args.follow_up}
@@ -706,6 +1077,7 @@ def plan(args, names, policies, seeds):
     def build(bench):
         configs = []
         tags = random.SystemRandom()
+        want = None
         for seed in seeds:
             for name in names:
                 spec = workload_spec(name, **overrides)
@@ -713,7 +1085,7 @@ def plan(args, names, policies, seeds):
                     spec["prefix_words"] = fit_prefix_words(bench, spec, args.requests, seed)
                 spec.update(name=name, seed=seed)
                 for policy in policies:
-                    tag = "r%05d:" % tags.randrange(10000, 100000)   # Llama's tokenizer splits digits: one length for every tag
+                    tag, want = draw_tag(tags, lambda text: len(bench.tokenize(bench.engines[0], text)), want)
                     configs.append(("%s %s seed %d" % (name, policy, seed), policy, spec, build_workload(tag, args.requests, spec, seed)))
         return configs
     return build
@@ -728,10 +1100,17 @@ def main():
     parser.add_argument("--repeats", type=int, default=1, help="seeds per workload, from --seed on (mean and spread over them)")
     parser.add_argument("--report", metavar="DIR", help="write the study (runs, summary, report.md, plots) into DIR; the default "
                         "with more than one workload or seed: out/bench-routing/study")
-    parser.add_argument("--epp", metavar="BINARY", help="the llm-d EPP binary (default: SUBSTRATE_EPP_BINARY, else the cache of "
-                        "`go install` of the pinned version, else `go install`)")
+    parser.add_argument("--epp", metavar="BINARY|IMPL|IMPL=BINARY", action="append", type=parse_epp, default=[],
+                        help="a real EPP (repeat, one per EPP): the llm-d EPP's binary; llm-d (SUBSTRATE_EPP_BINARY, the cache "
+                        "of `go install` of the pinned version, `go install`); gie (the Gateway API Inference Extension's EPP "
+                        "of `make gie-epp`, built when missing); or gie=BINARY, llm-d=BINARY. Default: SUBSTRATE_EPP_BINARY, "
+                        "else llm-d's where it can be had, else the GIE EPP")
     parser.add_argument("--epp-config", metavar="NAME=PATH", action="append", type=parse_epp_config, default=[],
-                        help="an EndpointPickerConfig for policy epp:NAME (repeat); its endpoints come from file discovery")
+                        help="an EndpointPickerConfig of the llm-d EPP for policy epp:NAME (repeat); its endpoints come from "
+                        "file discovery")
+    parser.add_argument("--gie-config", metavar="NAME=PATH", action="append", type=parse_gie_config, default=[],
+                        help="an EndpointPickerConfig of the GIE EPP for policy epp:NAME (repeat); its endpoints come from an "
+                        "InferencePool in a kwok cluster (benchmarks/kwok_cluster.yml), which needs every engine on one port")
     parser.add_argument("--restart-command", metavar="CMD", help="a shell command that stops and starts the engine named by "
                         "{engine} (the restart workload; make bench-routing passes its playbook)")
     parser.add_argument("--kv-port", type=int, default=5810, help="the relays' KV-event port on each engine address (the "
@@ -753,7 +1132,11 @@ def main():
     parser.add_argument("--require", action="store_true", help="fail (instead of skipping) when an engine is unreachable")
     args = parser.parse_args()
     engines = args.engine or [parse_engine(e) for e in DEFAULT_ENGINES]
-    epp_names = ["epp:%s" % name for name, _config in args.epp_config]
+    try:
+        asked_epps(args.epp)
+        epp_names = list(epp_policies({"llm-d": args.epp_config, "gie": args.gie_config}))
+    except argparse.ArgumentTypeError as exc:
+        parser.error(str(exc))
     policies = [p.strip() for p in args.policies.split(",") if p.strip()] if args.policies else list(POLICIES) + epp_names
     unknown = [p for p in policies if p not in POLICIES and p not in epp_names]
     if unknown:
@@ -774,33 +1157,41 @@ def main():
             print("bench_routing: %s: engine %s is not reachable (%s); `make bench-routing` starts two" % (
                 "failed" if args.require else "skipped", spec["name"], problem))
             return 1 if args.require else 0
-    lane, why = epp_lane(args, engines) if any(p.startswith("epp:") for p in policies) else (None, None)
-    if why:
-        if args.epp or os.environ.get("SUBSTRATE_EPP_BINARY"):
-            print("bench_routing: failed: %s" % why)
-            return 1
-        print("bench_routing: the real EPP is left out: %s" % why)
-        policies = [p for p in policies if not p.startswith("epp:")]
+    lane, left_out, failed = epp_lanes(args, engines, policies) if any(p.startswith("epp:") for p in policies) else (None, [], None)
+    if failed:
+        print("bench_routing: failed: %s" % failed)
+        return 1
+    for why in left_out:
+        print("bench_routing: %s" % why)
+    policies = [p for p in policies if not p.startswith("epp:") or (lane is not None and p[4:] in lane.by_name)]
     seeds = list(range(args.seed, args.seed + args.repeats))
     params = {"engines": engines, "workload": {}, "expect": {}, "max_tokens": args.max_tokens, "settle": args.settle,
               "event_wait": 5.0, "timeout": args.timeout, "request_timeout": 120.0}
     bench = RoutingBench(params, plan(args, names, policies, seeds), epp=lane, restart_command=args.restart_command)
     started = time.time()
+    # SIGTERM as SIGINT: the finally below stops the EPPs, the pool and the kwok cluster.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    rc = 0
     try:
         if lane is not None:
             lane.open()
         rows = bench.run()
     except (errors.CheckError, _epp_local.EPPError, OSError) as exc:
         print("bench_routing: %s" % (getattr(exc, "msg", None) or exc))
-        return 1
+        rc = 1
     finally:
         if lane is not None:
-            lane.close()
-    report(args, bench, rows, engines, started, lane, why)
-    return 0
+            try:
+                lane.close()
+            except errors.CheckError as exc:
+                print("bench_routing: %s" % exc.msg)
+                rc = 1
+    if rc == 0:
+        report(args, bench, rows, engines, started, lane, left_out)
+    return rc
 
 
-def report(args, bench, rows, engines, started, lane, why):
+def report(args, bench, rows, engines, started, lane, left_out):
     if args.records:
         with open(args.records, "w", encoding="utf-8") as out:
             for row in rows:
@@ -821,11 +1212,11 @@ def report(args, bench, rows, engines, started, lane, why):
                "after each pick) and its model of llm-d's approx-prefix-cache-producer (approximate); ties: fewest requests so far, "
                "then name." % (", ".join(p for p in POLICIES if p in bench.policies), SPECULATIVE_TTL))
     if lane is not None:
-        routers += (" %s: the real llm-d EPP %s (%s), a fresh one per configuration, %s; the referee is the same index." % (
-            ", ".join(sorted(set(p for p in bench.policies if p.startswith("epp:")))), wiring.ROUTER_VERSION, lane.binary,
-            "confined to a loopback-only network namespace" if lane.confine else "unconfined (listening on every interface)"))
-    elif why:
-        routers += " The real EPP was left out: %s" % why
+        routers += " Real EPPs, a fresh one per configuration, %s; the referee is the same index. %s." % (
+            "each confined to a loopback-only network namespace" if lane.lanes[0].confine else "unconfined (listening on every interface)",
+            ". ".join(one.describe() for one in lane.lanes))
+    for why in left_out:
+        routers += " %s%s" % (why[:1].upper(), why[1:])
     print(head)
     print(routers)
     for name in sorted(set(r["workload"] for r in rows), key=[r["workload"] for r in rows].index):
@@ -836,9 +1227,11 @@ def report(args, bench, rows, engines, started, lane, why):
             print(line)
     for r in rows:
         extra = ("; failures: " + "; ".join(r["failures"])) if r["failures"] else ""
-        print("%s: %d follow-ups, index exact on the chosen engine %d/%d, latency p50/p90 %s/%s ms, %.1f s%s" % (
+        own = ("; the EPP's own prefix index matched %.1f%% of each prompt on its pick (mean)" % (100.0 * r["epp_prefix_match"])
+               if r.get("epp_prefix_match") is not None else "")
+        print("%s: %d follow-ups, index exact on the chosen engine %d/%d, latency p50/p90 %s/%s ms, %.1f s%s%s" % (
             r["label"], r["follow_ups"], r["index_exact"], r["requests"] - r["failed"], fmt(r["latency_ms_p50"]),
-            fmt(r["latency_ms_p90"]), r["elapsed_s"], extra))
+            fmt(r["latency_ms_p90"]), r["elapsed_s"], own, extra))
         if r["sequential"] and not r["resets"] and not r["restarts"] and r["index_exact"] < r["requests"] - r["failed"]:
             print("WARNING: %s: the index predicted the chosen engine's cached tokens on only %d of %d requests: the referee "
                   "(and the precise policy) missed KV events; see the engines' topics and event ports" % (

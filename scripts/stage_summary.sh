@@ -3,7 +3,7 @@
 stage=$1 log=$2
 case $stage in
   pytest|integration|engine) grep -E '^=+ .*(passed|failed|error).* in [0-9.]+s' "$log" | tail -1 | tr -d '=' ;;
-  units)    grep -E '(passed|failed).* in [0-9.]+s' "$log" | tail -1 | tr -d '=' ;;
+  units)    grep -E '^units: ' "$log" | tail -1 ;;
   sanity)   echo "$(grep -c '^Running sanity test' "$log") sanity tests run; $(grep -c '^ERROR' "$log") errors" ;;
   molecule*) grep -E '^molecule: ' "$log" | tail -1 ;;
   lint)     grep -E 'Passed|Failed' "$log" | tail -1 ;;

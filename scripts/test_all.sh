@@ -1,11 +1,15 @@
 #!/usr/bin/env bash
 # `make test`: every stage, each one a make target, its output kept in .cache/test-logs/<stage>.log.
 #
-# The stages run in two lanes at once, because the slow parts wait on different things:
+# The stages run in three lanes at once, because the slow parts wait on different things:
 #   engine  the real vLLM engine on CPU: molecule `default` installs and starts it (converge = site.yml) and,
 #           with --destroy=never, hands it to pytest, whose last test restarts and stops it; molecule destroy
 #           then checks that no engine process is left. One install, two engine starts in all; then molecule
-#           `kv_index` starts two more instances of that install (small KV caches) for the KV-block index proof;
+#           `kv_index` starts two more instances of that install (small KV caches) for the KV-block index proof,
+#           and molecule `kwok` runs the Kubernetes path on a kwok cluster with real engines behind its engine pods
+#           and the GIE EPP routing real requests to them;
+#   builds  the Go builds (kwok cluster, helm, the GIE EPP and its CRDs), once per version: a test that needs one before
+#           it is done waits on its lock (inference_cache.substrate.go_build), so each is built once;
 #   checks  everything else (ansible-test sanity and units, the other pytest and molecule tests, lint, build).
 # The lanes share no port, file or engine. A stage's output is printed in one block when it ends.
 # A failing stage does not stop the others; the summary says what ran, and the exit status is non-zero when
@@ -25,16 +29,19 @@ declare -A cmd=(
   [units]="make units"
   [integration]="make integration"
   [lint]="make lint"
-  [molecule-checks]="make molecule MOLECULE_EXCEPT='default kv_index'"  # every scenario but the engine lane's
+  [go-build]="make go-build"
+  [molecule-checks]="make molecule MOLECULE_EXCEPT='default kv_index kwok'"  # every scenario but the engine lane's
   [build]="make build"
   [molecule-engine]="make molecule SCENARIOS=default MOLECULE_TEST_ARGS=--destroy=never"
   [engine]="LOCAL_ENGINE_OWNED=1 make engine"
   [molecule-destroy]="make molecule-destroy SCENARIOS=default"
   [molecule-kv-index]="make molecule SCENARIOS=kv_index"  # two engines of the same install, after the default one stopped
+  [molecule-kwok]="make molecule SCENARIOS=kwok"  # the Kubernetes path on kwok, real engines behind its pods, the GIE EPP
 )
-engine_lane=(molecule-engine engine molecule-destroy molecule-kv-index)
+engine_lane=(molecule-engine engine molecule-destroy molecule-kv-index molecule-kwok)
 checks_lane=(changelog argspecs sanity units integration lint molecule-checks build)
-all=("${checks_lane[@]}" "${engine_lane[@]}")
+builds_lane=(go-build)
+all=("${builds_lane[@]}" "${checks_lane[@]}" "${engine_lane[@]}")
 
 run_stage() {
   local stage=$1 t0=$SECONDS rc secs
@@ -59,6 +66,7 @@ elif [ "${TEST_SERIAL:-0}" = 1 ]; then
   stages=("${all[@]}"); run_lane "${stages[@]}"
 else
   stages=("${all[@]}")
+  run_lane "${builds_lane[@]}" &
   run_lane "${engine_lane[@]}" &
   run_lane "${checks_lane[@]}" &
   wait

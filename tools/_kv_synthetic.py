@@ -119,20 +119,37 @@ class SyntheticPublisher:
         self.step = 0
         self.sent = 0
         self.buffer = collections.deque(maxlen=buffer_steps)
+        self.subscribed = False
+        self.left = False   # a subscriber came and the last one went: the check that read this stream is done
         self.pub, _mon = open_socket(self.ctx, zmq.XPUB, endpoint, bind)
+        self.disconnects = None if bind else self.pub.get_monitor_socket(zmq.EVENT_DISCONNECTED)
         self.router = None
         if replay_endpoint:
             self.router, _mon = open_socket(self.ctx, zmq.ROUTER, replay_endpoint, bind=True)
+
+    def subscriptions(self):
+        """Read what the XPUB socket reports: a subscription (the first subscriber came) or its withdrawal (the last one
+        left: closed its socket, or libzmq dropped its connection); and, where this publisher connects (libzmq keeps a
+        connecting socket's pipe, so no withdrawal comes), its monitor's disconnection. True while a subscriber is there."""
+        while self.pub.poll(0, zmq.POLLIN):
+            msg = self.pub.recv()
+            if msg[:1] == b"\x01":
+                self.subscribed = True
+            elif msg[:1] == b"\x00" and self.subscribed:
+                self.subscribed, self.left = False, True
+        while self.disconnects is not None and self.disconnects.poll(0, zmq.POLLIN):
+            self.disconnects.recv_multipart()
+            if self.subscribed:
+                self.subscribed, self.left = False, True
+        return self.subscribed
 
     def wait_subscriber(self, timeout, clock=time.monotonic):
         """Wait for a subscription message on the XPUB socket; True if one arrived."""
         deadline = clock() + timeout
         while clock() < deadline:
             self.serve_replay(0.05)
-            if self.pub.poll(50, zmq.POLLIN):
-                msg = self.pub.recv()
-                if msg[:1] == b"\x01":
-                    return True
+            if self.subscriptions():
+                return True
         return False
 
     def next_payload(self, **kwargs):
@@ -188,11 +205,14 @@ class SyntheticPublisher:
 
     def run(self, count=10, interval=0.05, drop_at=(), skip_at=(), restart_at=(), unknown_at=(), malformed_at=(),
             wait_subscriber=0.0, linger=0.0, duration=None, stop=None, clock=time.monotonic, drop_tail=0, payload=None,
-            hold_at=None, hold=None):
+            hold_at=None, hold=None, until_unsubscribed=False):
         """Publish ``count`` batches (bounded by ``duration``), serving replay between them.
 
+        ``linger``: then keep serving replay that long, or with ``until_unsubscribed`` until the subscriber has gone (a
+        check closes its socket once it is done), whichever comes first: a bound, not a delay.
+
         ``payload``: send these bytes as every batch instead of generated events. ``hold_at``/``hold``: before batch
-        ``hold_at``, wait (at most 10 s, serving replay) until the ``threading.Event`` ``hold`` is set.
+        ``hold_at``, wait (at most 60 s, a bound only; serving replay) until the ``threading.Event`` ``hold`` is set.
         """
         start = clock()
         end = start + duration if duration else None
@@ -202,7 +222,7 @@ class SyntheticPublisher:
             if (end and clock() >= end) or (stop is not None and stop.is_set()):
                 break
             if i == hold_at and hold is not None:
-                held_until = clock() + 10.0
+                held_until = clock() + 60.0
                 while not hold.is_set() and clock() < held_until and not (stop is not None and stop.is_set()):
                     self.serve_replay(0.02)
             if i in restart_at:
@@ -216,10 +236,17 @@ class SyntheticPublisher:
             self.serve_replay(interval)
         until = clock() + linger
         while clock() < until and not (stop is not None and stop.is_set()) and not (end and clock() >= end):
+            if until_unsubscribed:
+                self.subscriptions()
+                if self.left and not self.subscribed:
+                    break
             self.serve_replay(0.05)
         return self.sent
 
     def close(self):
+        if self.disconnects is not None:
+            self.pub.disable_monitor()
+            self.disconnects.close(0)
         for sock in (self.pub, self.router):
             if sock is not None:
                 sock.close(0)

@@ -154,7 +154,7 @@ def check_prefix_cache(ip, args):
 
 
 # The EPP's KV-block index counters (indexerConfig.kvBlockIndexConfig.enableMetrics), registered only by the precise
-# producer's index. llm-d-kv-cache@7be76e1 (the newest commit read before v0.9.0, pkg/kvcache/metrics/collector.go,
+# producer's index. llm-d-kv-cache@v0.9.0 (the router's pinned module: pkg/kvcache/metrics/collector.go,
 # counted in pkg/kvcache/kvblock/instrumented_index.go) names them kvcache_index_*; the router's own copy after v0.9.0
 # names them llm_d_epp_kv_cache_index_*. Either is accepted, the first found wins.
 EPP_ADMISSIONS = ("kvcache_index_admissions_total", "llm_d_epp_kv_cache_index_admissions_total")

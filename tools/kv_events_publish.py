@@ -16,7 +16,7 @@ Examples:
   tools/kv_events_publish.py --endpoint tcp://127.0.0.1:5557 --format vllm-array --count 5
   # the tail of a burst lost at the high-water mark: the last 3 of 10 batches only in the replay buffer
   tools/kv_events_publish.py --endpoint tcp://127.0.0.1:5557 --replay-endpoint tcp://127.0.0.1:5558 --count 10 \\
-      --drop-tail 3 --linger 10
+      --drop-tail 3 --linger 60 --until-unsubscribed
 """
 
 from __future__ import absolute_import, division, print_function
@@ -52,7 +52,9 @@ def parse_args(argv):
     parser.add_argument("--interval", type=float, default=0.05, help="seconds between batches")
     parser.add_argument("--duration", type=float, default=60.0, help="hard limit on the run time in seconds")
     parser.add_argument("--wait-subscriber", type=float, default=0.0, help="wait up to this long for a subscription first")
-    parser.add_argument("--linger", type=float, default=0.0, help="keep serving replay this long after the last batch")
+    parser.add_argument("--linger", type=float, default=0.0, help="keep serving replay at most this long after the last batch")
+    parser.add_argument("--until-unsubscribed", action="store_true",
+                        help="with --linger: stop as soon as the subscriber has gone (a check closes its socket once done)")
     parser.add_argument("--drop-at", default="", help="batch indexes published only to the replay buffer (repairable gaps)")
     parser.add_argument("--skip-at", default="", help="batch indexes before which one seq is skipped (unrepairable gaps)")
     parser.add_argument("--restart-at", default="", help="batch indexes at which the engine 'restarts' (seq back to 0)")
@@ -79,7 +81,7 @@ def main(argv=None):
         sent = pub.run(count=args.count, interval=args.interval, drop_at=_ints(args.drop_at), skip_at=_ints(args.skip_at),
                        restart_at=_ints(args.restart_at), unknown_at=_ints(args.unknown_at),
                        malformed_at=_ints(args.malformed_at), wait_subscriber=args.wait_subscriber, linger=args.linger,
-                       duration=args.duration, drop_tail=args.drop_tail)
+                       duration=args.duration, drop_tail=args.drop_tail, until_unsubscribed=args.until_unsubscribed)
     except KeyboardInterrupt:
         sent = pub.sent
     finally:

@@ -10,18 +10,29 @@ __metaclass__ = type  # pylint: disable=invalid-name
 
 DOCUMENTATION = r"""
 module: epp_config_check
-short_description: Check an llm-d router EndpointPickerConfig against the engines it routes to
+short_description: Check an EndpointPickerConfig (llm-d router or Gateway API Inference Extension EPP) against the engines
 version_added: 0.1.0
 description:
-  - Checks an C(EndpointPickerConfig) (llm-d router, C(llm-d.ai/v1alpha1)) without a cluster and says what the pinned
-    router version (O(router_version)) will do with it. RV(epp_starts) says whether that EPP starts with the config, and
-    each finding in RV(findings) has one of three kinds.
+  - Checks an C(EndpointPickerConfig) without a cluster and says what the EPP it is meant for (O(router_impl), the llm-d
+    router's EPP with C(llm-d.ai/v1alpha1) or the Gateway API Inference Extension's own EPP with
+    C(inference.networking.x-k8s.io/v1alpha1)) at the pinned version (O(router_version)) will do with it.
+    RV(epp_starts) says whether that EPP starts with the config, and each finding in RV(findings) has one of three kinds.
   - C(refused) - the EPP does not start (it returns an error or panics while loading the config); the sentence gives the
     EPP's own reason. C(broken) - the EPP starts, then crashes or never does what the config asks; the sentence says what
     happens and when (for example it panics with an integer divide by zero in the KV-event pool on the first event, never
     matches an engine block, or never subscribes to an engine). C(warning) - the EPP starts and works, but the finding is
     worth knowing (deprecations are warnings too). The module fails on C(refused) and C(broken) findings only.
-  - Findings about the module's own arguments (O(engine), O(mode)) have the kind C(input) and fail the module too.
+  - Findings about the module's own arguments (O(engine), O(mode), O(router_version)) have the kind C(input) and fail the
+    module too.
+  - With O(router_impl=gie) the config is judged by the Gateway API Inference Extension EPP v1.4.0, read at
+    kubernetes-sigs/gateway-api-inference-extension v1.4.0 and run here on each behaviour. It knows its 20 plugin types (no
+    KV-event consumer, no tokenizer; C(precise-prefix-cache-producer), C(token-producer), C(load-aware-scorer),
+    C(decode-filter) and the other llm-d-router types are not registered, so the EPP does not start), its one apiVersion
+    (a config with apiVersion C(llm-d.ai/v1alpha1) is refused in one sentence), the top level decoded strictly (C(data),
+    not C(dataLayer)) but plugin C(parameters) decoded leniently (an unknown field is ignored, a warning), its feature
+    gates (C(dataLayer) needs data sources; its metrics extractor needs that gate) and the defaults it injects (profile,
+    picker, profile handler). O(mode=precise) is an input error with GIE; O(mode=approximate) needs a
+    C(prefix-cache-scorer) with a weight above 0 in a profile.
   - What the EPP does with configs it decodes was read at llm-d-router v0.9.0 and github.com/llm-d/llm-d-kv-cache v0.9.0
     and measured with the real EPP v0.9.0, for example an empty file (the EPP logs that it uses its default
     configuration and starts; a warning), a negative scorer weight (used as it is; a warning),
@@ -49,6 +60,7 @@ description:
     the module warns.
   - Deprecated plugin names and fields (C(precise-prefix-cache-scorer), C(tokenizer), C(blockSize), the old apiVersion)
     are reported as deprecations, or as failures with O(fail_on_deprecations=true).
+  - Text that is not valid YAML is what the EPP cannot decode; it is reported as C(refused) (RV(epp_starts=false)).
   - Each problem is one sentence; wrongly typed input of any shape is reported, never raised. The module never changes
     anything.
 author:
@@ -104,18 +116,28 @@ options:
   mode:
     description:
       - When set, also check that the config implements this scoring mode.
+      - C(precise) needs O(router_impl=llm-d) (the Gateway API Inference Extension EPP reads no KV events).
     type: str
     choices: [precise, approximate]
   fail_on_deprecations:
     description: Treat deprecated names as problems.
     type: bool
     default: false
+  router_impl:
+    description:
+      - The EPP the config is meant for. C(llm-d) is the llm-d router's EPP (precise or approximate prefix-cache scoring);
+        C(gie) is the Gateway API Inference Extension's own EPP (C(sigs.k8s.io/gateway-api-inference-extension) C(cmd/epp),
+        approximate prefix-cache scoring only).
+    type: str
+    default: llm-d
+    choices: [llm-d, gie]
   router_version:
     description:
-      - The llm-d router version whose plugin types and parameter fields the config must match.
+      - The version of O(router_impl) whose plugin types and parameter fields the config must match.
+      - Defaults to the version the collection pins for O(router_impl), C(v0.9.0) for C(llm-d) and C(v1.4.0) for C(gie);
+        a version of the other implementation is an input error.
     type: str
-    default: v0.9.0
-    choices: [v0.9.0]
+    choices: [v0.9.0, v1.4.0]
 requirements:
   - PyYAML (only for O(path) or YAML text)
 seealso:
@@ -123,6 +145,9 @@ seealso:
   - name: llm-d router EndpointPickerConfig types (v0.9.0)
     description: apix/config/v1alpha1/endpointpickerconfig_types.go and the plugin factories in pkg/epp/framework/plugins
     link: https://github.com/llm-d/llm-d-router/tree/v0.9.0
+  - name: Gateway API Inference Extension EPP (v1.4.0)
+    description: cmd/epp/runner/runner.go, apix/config/v1alpha1 and pkg/epp/config/loader
+    link: https://github.com/kubernetes-sigs/gateway-api-inference-extension/tree/v1.4.0
 """
 
 EXAMPLES = r"""
@@ -144,6 +169,12 @@ EXAMPLES = r"""
     engine:
       engine_type: vllm
       enable_scale_out: false
+
+- name: Check the config the router role rendered for the Gateway API Inference Extension EPP
+  inference_cache.substrate.epp_config_check:
+    path: /tmp/render/router/epp-config.yaml
+    router_impl: gie
+    mode: approximate
 
 - name: Check an inline config and keep going when it is wrong
   inference_cache.substrate.epp_config_check:
@@ -214,10 +245,15 @@ warnings_found:
       Producer precise-prefix-cache-producer uses hashSeed '7' while the engines run with PYTHONHASHSEED '42'; llm-d-router
       v0.9.0 recomputes block keys from the events' token ids (...), so the seeds need not match.
 router_version:
-  description: The llm-d router version the config was checked against.
+  description: The router version the config was checked against.
   returned: always
   type: str
   sample: v0.9.0
+router_impl:
+  description: The router implementation the config was checked against, C(llm-d) or C(gie).
+  returned: always
+  type: str
+  sample: llm-d
 summary:
   description: The declared plugin names and, per precise producer, the values it was checked with.
   returned: always
@@ -231,8 +267,8 @@ from ansible.module_utils.basic import missing_required_lib
 from ansible_collections.inference_cache.substrate.plugins.module_utils.common.errors import CheckError
 from ansible_collections.inference_cache.substrate.plugins.module_utils.common.module import run_module
 from ansible_collections.inference_cache.substrate.plugins.module_utils.common.options import argument_spec
-from ansible_collections.inference_cache.substrate.plugins.module_utils.epp.config import ENGINE_OPTIONS, check_epp_config
-from ansible_collections.inference_cache.substrate.plugins.module_utils.epp.plugins import DEFAULT_ROUTER_VERSION, ROUTER_VERSIONS
+from ansible_collections.inference_cache.substrate.plugins.module_utils.epp.config import (
+    DEFAULT_ROUTER_IMPL, ENGINE_OPTIONS, IMPLS, check_epp_config, check_epp_text)
 
 try:
     import yaml
@@ -249,35 +285,34 @@ OPTIONS = dict(
     engine=dict(type="dict", default={}, options=argument_spec(ENGINE_OPTIONS)),
     mode=dict(type="str", choices=["precise", "approximate"]),
     fail_on_deprecations=dict(type="bool", default=False),
-    router_version=dict(type="str", default=DEFAULT_ROUTER_VERSION, choices=list(ROUTER_VERSIONS)),
+    router_impl=dict(type="str", default=DEFAULT_ROUTER_IMPL, choices=sorted(IMPLS, reverse=True)),
+    # The union of the implementations' versions; check_epp_config refuses one of the other implementation.
+    router_version=dict(type="str", choices=[v for impl in sorted(IMPLS, reverse=True) for v in IMPLS[impl]["versions"]]),
 )
 
 
 def _load(params, module):
-    """The config as data and the text it came from: a mapping is used as it is (no text), text and files are YAML;
-    anything else goes to the check as it is."""
+    """``(config, text)``: a mapping (or any other non-text value) as it is with no text, or the YAML text of the
+    option or the file, which the check decodes as the EPP would."""
     config, path = params["config"], params["path"]
     if path is None and not isinstance(config, str):
         return config, None
     if yaml is None:
         module.fail_json(msg=missing_required_lib("PyYAML"), exception=YAML_IMPORT_ERROR)
+    if path is None:
+        return None, config
     try:
-        if path is not None:
-            with open(path, "r") as handle:
-                text = handle.read()
-        else:
-            text = config
-        return yaml.safe_load(text), text
-    except (IOError, OSError) as exc:
+        with open(path, "r") as handle:
+            return None, handle.read()
+    except (IOError, OSError, ValueError) as exc:
         raise CheckError("Cannot read the EndpointPickerConfig file %s: %s." % (path, exc))
-    except (yaml.YAMLError, ValueError) as exc:
-        raise CheckError("The EndpointPickerConfig is not valid YAML: %s." % " ".join(str(exc).split()))
 
 
 def _check(params, module):
     engine = dict((k, v) for k, v in (params["engine"] or {}).items() if v is not None)
     config, text = _load(params, module)
-    result = check_epp_config(config, engine=engine, mode=params["mode"], router_version=params["router_version"], raw_text=text)
+    options = dict(engine=engine, mode=params["mode"], router_version=params["router_version"], router_impl=params["router_impl"])
+    result = check_epp_text(text, **options) if text is not None else check_epp_config(config, **options)
     problems = list(result.problems)
     if params["fail_on_deprecations"]:
         problems.extend(result.deprecations)
@@ -287,7 +322,10 @@ def _check(params, module):
     for sentence in result.warnings:
         module.warn(sentence)
     out = dict(epp_starts=result.epp_starts, findings=result.findings, problems=problems, deprecations_found=result.deprecations,
-               warnings_found=result.warnings, router_version=result.router_version, summary=result.summary)
+               warnings_found=result.warnings, router_version=result.router_version, router_impl=result.router_impl,
+               summary=result.summary)
+    if not result.decoded:
+        raise CheckError(problems[0], out)  # the one thing the EPP says about text it cannot decode
     if problems:
         raise CheckError("The EndpointPickerConfig has %d problem(s): %s" % (len(problems), " ".join(problems)), out)
     return out

@@ -28,6 +28,12 @@ description:
     approximate producer, speculative indexing) record these ones too. Nothing is sent to an engine but C(/tokenize),
     C(/v1/models) and C(/metrics) reads.
   - Prompts and token ids stay inside the module; the result carries counts and endpoint addresses only.
+  - "An engine whose KV-event sequence starts again while the module listens restarted in place (same pod, same
+    address). The module's index forgets its blocks; the EPP v0.9.0's does not: llm-d-kv-cache v0.9.0 reads the sequence
+    number only to log it and forgets a pod's blocks only on AllBlocksCleared, which vLLM does not send when it starts.
+    The engine is named in RV(restarted_engines), the module warns in one sentence (replace the pod rather than restart
+    its container), and a pick of that engine that misses the longest prefix fails with a sentence that says so.
+    A restart before the module started listening is not seen."
 author:
   - inference_cache maintainers (@inference-cache)
 extends_documentation_fragment:
@@ -173,12 +179,24 @@ options:
     description: Fail when a pick does not hold the longest cached prefix; V(false) only reports it.
     type: bool
     default: true
+  send_to_pick:
+    description:
+      - Send each request on to the engine the EPP picked, as the Gateway would, and record the cached tokens the engine
+        reports for it (C(picks[].cached_tokens), and whether the KV-block index predicted them, C(picks[].index_exact));
+        the engine's KV events reach the index before the next request is routed.
+      - An EPP that learns a prefix from its own picks (an approximate prefix-cache scorer, the Gateway API Inference
+        Extension's) is then warmed by the requests themselves, and its later picks are held against what its earlier
+        ones left in the engines' caches. V(false) asks for the picks only; nothing reaches an engine.
+    type: bool
+    default: false
   settle:
     description: Seconds every event stream must be quiet before a request is routed (the EPP reads the same events).
     type: float
     default: 1.0
   event_wait:
-    description: Seconds to wait for the engines' streams to connect (twice this, at least 2).
+    description:
+      - Seconds to wait for the engines' streams to connect (twice this, at least 2), and for the first KV event after
+        a caller's warm-up traffic.
     type: float
     default: 5.0
   timeout:
@@ -238,20 +256,52 @@ warm_holds_longest:
   returned: always
   type: int
   sample: 1
+sent:
+  description: Requests sent on to the picked engine (O(send_to_pick)).
+  returned: always
+  type: int
+  sample: 3
+sent_cached_tokens:
+  description: The cached tokens the picked engines reported for the requests sent on, together.
+  returned: always
+  type: int
+  sample: 576
+index_exact:
+  description: Of RV(sent), the requests whose cached tokens the KV-block index predicted exactly.
+  returned: always
+  type: int
+  sample: 3
 picks:
   description:
     - Per request, the EPP's pick (C(picked), its address; C(engine), its name), the cached tokens the index predicted
       on each engine (C(predicted)), the engines holding the most (C(longest), C(longest_tokens)) and C(holds_longest).
+    - With O(send_to_pick), also the engine's C(cached_tokens) and C(prompt_tokens) for it and C(index_exact).
   returned: always
   type: list
   elements: dict
   sample: [{request: 0, picked: "127.0.0.1:8400", engine: "127.0.0.1:8400", predicted: {"127.0.0.1:8400": 96, "127.0.0.2:8401": 0},
             longest: ["127.0.0.1:8400"], longest_tokens: 96, holds_longest: true}]
 engines:
-  description: Per engine, its address, the KV-event batches applied and the blocks the index holds for it.
+  description: Per engine, its address, the KV-event batches applied, the blocks the index holds for it and its restarts.
   returned: always
   type: dict
-  sample: {"127.0.0.1:8400": {address: "127.0.0.1:8400", batches: 12, held_blocks: 40}}
+  sample: {"127.0.0.1:8400": {address: "127.0.0.1:8400", batches: 12, held_blocks: 40, restarts: 0}}
+restarted_engines:
+  description:
+    - The engines whose KV-event sequence started again while the module listened (restarted in place), sorted.
+  returned: always
+  type: list
+  elements: str
+  sample: []
+restart_warning:
+  description:
+    - The one sentence the module also warns with when RV(restarted_engines) is not empty (null otherwise).
+  returned: always
+  type: str
+  sample: "Engine 127.0.0.1:8400 restarted in place during the check (its KV-event sequence started again); llm-d-kv-cache
+    v0.9.0 keeps a restarted engine's old blocks until the pod is replaced, so a precise llm-d EPP may route to blocks that
+    engine no longer holds: replace the pod (delete it so its Deployment creates a new one with a new address) rather than
+    restart its container."
 model:
   description: The model sent.
   returned: always
@@ -274,6 +324,7 @@ summary:
   sample: the EPP's pick held the longest cached prefix on 2 of 2 requests (1 of 1 where an engine held part of the prompt)
 """
 
+from ansible_collections.inference_cache.substrate.plugins.module_utils.common.errors import CheckError
 from ansible_collections.inference_cache.substrate.plugins.module_utils.common.module import run_module
 from ansible_collections.inference_cache.substrate.plugins.module_utils.epp.extproc import EXTPROC_IMPORT_ERROR, HAS_EXTPROC
 from ansible_collections.inference_cache.substrate.plugins.module_utils.epp.route_check import OPTIONS, RouteCheck
@@ -281,8 +332,17 @@ from ansible_collections.inference_cache.substrate.plugins.module_utils.kv.consu
 from ansible_collections.inference_cache.substrate.plugins.module_utils.kv.events import HAS_MSGSPEC, MSGSPEC_IMPORT_ERROR
 
 
-def run(params, module):  # pylint: disable=unused-argument
-    return RouteCheck(params).run()
+def run(params, module):
+    """The check's facts; an engine that restarted in place is a warning too, on success and on failure."""
+    try:
+        facts = RouteCheck(params).run()
+    except CheckError as exc:
+        if exc.facts.get("restart_warning"):
+            module.warn(exc.facts["restart_warning"])
+        raise
+    if facts["restart_warning"]:
+        module.warn(facts["restart_warning"])
+    return facts
 
 
 def main():

@@ -31,6 +31,17 @@ description:
     (it predicted a hit where the engine reported no cached token).
   - Fails with one sentence naming the prompt family, the engine and the predicted and reported counts at the first
     wrong prediction, and when an expectation (O(expect)) is not met.
+  - After each request it waits until the engine's KV events show every full block of the prompt held (at most
+    O(event_wait) seconds; then, with a replay endpoint, it asks the engine's replay buffer for what followed the last
+    batch it applied), so a slow stream delays the check instead of failing it.
+  - "Sequence numbers are tracked per engine and data-parallel rank. One that jumps forward is a gap, repaired through
+    O(engines[].replay_endpoint). One that starts again means the engine restarted in place (same pod, same address):
+    the index forgets what the engine held, the engine is named in RV(restarted_engines), and the module warns in one
+    sentence that llm-d-kv-cache v0.9.0, the KV-block index of the llm-d EPP v0.9.0, keeps a restarted engine's old
+    blocks until its pod is replaced, so a precise EPP may route to blocks the engine no longer holds; replace the pod
+    rather than restart its container."
+  - A request to an engine that restarted just before it, whose restart only that request's own events revealed, cannot
+    be predicted by any index; it is counted in RV(restart_misses), not as a wrong prediction.
   - Token ids stay inside the module; prompts are generated, never user data.
   - The module changes nothing but the engines' prefix caches, and in check mode it runs the same workload.
 author:
@@ -180,7 +191,9 @@ options:
     type: float
     default: 0.3
   event_wait:
-    description: Most seconds to wait for the events of a request that computed new blocks.
+    description:
+      - Most seconds to wait for the events of a request that computed new blocks (until they show every full block of
+        the prompt held). Nothing is concluded from the time it takes; a longer wait only delays the check.
     type: float
     default: 5.0
   timeout:
@@ -278,9 +291,40 @@ engines:
     - Per engine, what its stream carried and what the index holds (requests, batches, blocks stored and removed,
       removals of unknown hashes, stores skipped for an unknown parent, clears, restarts, gaps, other topics,
       block size and C(num_gpu_blocks)).
+    - C(restart_seqs) lists each restart's data-parallel rank, the last sequence number before it (C(from)) and the
+      first after (C(to)), up to 10.
   returned: always
   type: dict
   sample: {kvindex-a: {requests: 30, blocks_removed: 120, held_blocks: 70, restarts: 0}}
+restarted_engines:
+  description:
+    - The engines whose KV-event sequence started again during the check (restarted in place, same address), sorted.
+  returned: always
+  type: list
+  elements: str
+  sample: []
+restart_warning:
+  description:
+    - The one sentence the module also warns with when RV(restarted_engines) is not empty (null otherwise).
+  returned: always
+  type: str
+  sample: "Engine kvindex-a restarted in place during the check (its KV-event sequence started again); llm-d-kv-cache v0.9.0
+    keeps a restarted engine's old blocks until the pod is replaced, so a precise llm-d EPP may route to blocks that engine
+    no longer holds: replace the pod (delete it so its Deployment creates a new one with a new address) rather than restart
+    its container."
+restart_misses:
+  description:
+    - Requests to an engine that had restarted in place just before them, predicted above what the engine reported, whose
+      restart only their own events revealed; not counted in RV(exact) nor as wrong.
+  returned: always
+  type: int
+  sample: 0
+restart_miss_steps:
+  description: The first 10 of RV(restart_misses) (step, family, engine, predicted, reported).
+  returned: always
+  type: list
+  elements: dict
+  sample: []
 routing:
   description:
     - On the steps sent to every engine, how often the engine with the longest predicted prefix (first on ties)
@@ -314,14 +358,24 @@ elapsed:
   sample: 41.2
 """
 
+from ansible_collections.inference_cache.substrate.plugins.module_utils.common.errors import CheckError
 from ansible_collections.inference_cache.substrate.plugins.module_utils.common.module import run_module
 from ansible_collections.inference_cache.substrate.plugins.module_utils.kv.consumer import HAS_ZMQ, ZMQ_IMPORT_ERROR
 from ansible_collections.inference_cache.substrate.plugins.module_utils.kv.events import HAS_MSGSPEC, MSGSPEC_IMPORT_ERROR
 from ansible_collections.inference_cache.substrate.plugins.module_utils.kv.index_check import OPTIONS, KVIndexCheck
 
 
-def run(params, module):  # pylint: disable=unused-argument
-    return KVIndexCheck(params).run()
+def run(params, module):
+    """The check's facts; an engine that restarted in place is a warning too, on success and on failure."""
+    try:
+        facts = KVIndexCheck(params).run()
+    except CheckError as exc:
+        if exc.facts.get("restart_warning"):
+            module.warn(exc.facts["restart_warning"])
+        raise
+    if facts["restart_warning"]:
+        module.warn(facts["restart_warning"])
+    return facts
 
 
 def main():

@@ -165,6 +165,66 @@ NEGATIVE = {
 }
 
 
+# router_impl gie: the Gateway API Inference Extension v1.4.0's EPP (approximate only), the objects of its inferencepool chart
+# rendered by the router role's templates (tests/integration/test_render_router_gie.py). Every case sends the verifier through
+# a Gateway (the EPP has no proxy of its own). "@USER_CONFIG@" is replaced by a config file the test writes.
+GIE_EPP_IMAGE = image("gie_epp")
+GATEWAY_URL = {"request_url": "http://inference-gateway-istio.inference-cache.svc:80"}
+
+
+def gie_case(profile="vllm_cpu", **extra):
+    host = case(profile, "approximate", "ClusterIP", router_impl="gie", router_epp_image=GIE_EPP_IMAGE, cluster_verify_router=GATEWAY_URL)
+    host.update(extra)
+    return host
+
+
+GIE_CASES = {
+    # The defaults: InferencePool and EPP only (a Gateway's HTTPRoute names the pool), vLLM CPU engines.
+    "gie-cpu": gie_case(),
+    # SGLang engines (metrics through the data layer), the chart's HTTPRoute to an Istio Gateway in another namespace, two
+    # replicas (leader election).
+    "gie-sglang-istio-ha": gie_case("sglang_lmcache", model_server_tensor_parallel_size=2, router_chart="gateway",
+                                    router_gateway_provider="istio", router_gateway_namespace="gateways", router_epp_replicas=2),
+    # GKE Inference Gateway: its policies; plain gRPC ext_proc and the EPP's /metrics behind a token.
+    "gie-gpu-gke": gie_case("vllm_lmcache", router_chart="gateway", router_gateway_provider="gke", router_epp_secure_serving=False,
+                            router_epp_metrics_auth=True, kind_cluster_mode="nvkind"),
+    # kgateway (or any Gateway that needs no provider objects): the HTTPRoute only.
+    "gie-kgateway": gie_case(router_chart="gateway"),
+    # A mirror of the pinned image (parts), other weights, extra values that reach the templates.
+    "gie-mirror-extra-values": gie_case(router_epp_image="", router_epp_image_registry="mirror.example.com/gie",
+                                        router_epp_image_digest=fake_digest("gie-epp-mirror"), router_gie_prefix_scorer_weight=5.0,
+                                        router_extra_values={"inferenceExtension": {
+                                            "env": [{"name": "GODEBUG", "value": "madvdontneed=1"}],
+                                            "tolerations": [{"key": "dedicated", "operator": "Equal", "value": "router",
+                                                             "effect": "NoSchedule"}]}}),
+    # A user-written EndpointPickerConfig replaces the generated one.
+    "gie-user-config": gie_case(router_epp_config_file="@USER_CONFIG@"),
+}
+
+GIE_NEGATIVE = {
+    "neg-gie-precise": (case("vllm_cpu", "precise", "ClusterIP", router_impl="gie", router_epp_image=GIE_EPP_IMAGE),
+                        "router_impl=gie runs the Gateway API Inference Extension's EPP v1.4.0, which has no KV-event subscriber and no "
+                        "token producer, so router_scoring_mode=precise cannot be honoured: set router_scoring_mode=approximate, or "
+                        "router_impl=llm-d for KV-event-driven precise routing."),
+    "neg-gie-bare-tag": (gie_case(router_epp_image="registry.k8s.io/gateway-api-inference-extension/epp:v1.4.0"),
+                         "The EPP image registry.k8s.io/gateway-api-inference-extension/epp:v1.4.0 is not pinned by digest"),
+    "neg-gie-pinned-default": (gie_case(router_epp_image=""),
+                               "The EPP image registry.k8s.io/gateway-api-inference-extension/epp:v1.4.0 is not pinned by digest"),
+    "neg-gie-disaggregation": (gie_case(router_disaggregation=True),
+                               "router_impl=gie has no prefill/decode profile handler"),
+    "neg-gie-pd-engines": (gie_case("vllm_lmcache", model_server_disaggregation=True),
+                           "so engines running as prefill and decode groups (pd_roles true) cannot be served: set router_impl=llm-d"),
+    "neg-gie-nodeport": (gie_case(router_service_type="NodePort"),
+                         "so router_service_type must be ClusterIP (send requests to your Gateway)"),
+    "neg-gie-chart-false-flag": (gie_case(router_chart_ref="/srv/charts/inferencepool-v1.4.0.tgz", router_epp_secure_serving=False),
+                                 "passes each EPP flag as two arguments and the EPP reads a boolean flag without '=' as true, so "
+                                 "secure-serving set to false would stay true"),
+    "neg-gie-chart-gateway-namespace": (gie_case(router_chart_ref="/srv/charts/inferencepool-v1.4.0.tgz", router_chart="gateway",
+                                                 router_gateway_namespace="gateways"),
+                                        "has no Gateway namespace, so router_gateway_namespace=gateways cannot be honoured"),
+}
+
+
 def write_inventory(path, cases):
     hosts = {}
     for name, host_vars in cases.items():
@@ -207,7 +267,8 @@ def load_case(out, name):
             result["docs"].extend(docs)
     for key, rel in (("kind_config", "kind_cluster/kind-config.yaml"), ("epp_config", "router/epp-config.yaml"),
                      ("router_values", "router/helm/llm-d-router-standalone.values.yaml"),
-                     ("router_values", "router/helm/llm-d-router-gateway.values.yaml"), ("router_release", "router/helm/release.yaml"),
+                     ("router_values", "router/helm/llm-d-router-gateway.values.yaml"),
+                     ("router_values", "router/helm/inferencepool.values.yaml"), ("router_release", "router/helm/release.yaml"),
                      ("nvdp_values", "nvidia_device_plugin/helm/nvidia-device-plugin.values.yaml"),
                      ("nvdp_release", "nvidia_device_plugin/helm/release.yaml")):
         path = os.path.join(base, rel)

@@ -15,6 +15,8 @@ __metaclass__ = type  # pylint: disable=invalid-name
 
 import argparse
 import os
+import random
+import re
 import subprocess
 import sys
 
@@ -139,3 +141,157 @@ def test_the_workloads_that_reset_or_restart_send_one_request_at_a_time():
         if spec["reset_at"] is not None or spec["restart_at"] is not None:
             assert B.sequential(spec), name
     assert not B.sequential(B.workload_spec("bursts")) and not B.sequential(B.workload_spec("pressure-concurrent"))
+
+
+# ---- real EPPs: which ones, their policies and configurations, the GIE lane's engines (no engine, no EPP started) ----
+
+def test_epp_argument_names_an_epp_by_word_or_path():
+    assert B.parse_epp("gie") == ("gie", None) and B.parse_epp("llm-d") == ("llm-d", None)
+    assert B.parse_epp("/opt/epp") == ("llm-d", "/opt/epp") and B.parse_epp("./epp") == ("llm-d", "./epp")
+    assert B.parse_epp("gie=/opt/gie-epp") == ("gie", "/opt/gie-epp") and B.parse_epp("llm-d=/opt/epp") == ("llm-d", "/opt/epp")
+    for bad in ("", "nope=/opt/epp"):
+        with pytest.raises(argparse.ArgumentTypeError, match=r"^--epp wants a binary's path, gie or llm-d, or IMPL=PATH "):
+            B.parse_epp(bad)
+
+
+def test_which_epps_are_asked_for():
+    assert B.asked_epps([("gie", None), ("llm-d", "/opt/epp")], env={}) == [("gie", None), ("llm-d", "/opt/epp")]
+    assert B.asked_epps([], env={}) == [(None, None)]   # llm-d's where it can be had, else the GIE EPP
+    assert B.asked_epps([], env={"SUBSTRATE_EPP_BINARY": "/opt/epp"}) == [("llm-d", "/opt/epp")]
+    assert B.asked_epps([], env={"SUBSTRATE_EPP_BINARY": "/opt/g", "SUBSTRATE_EPP_IMPL": "gie"}) == [("gie", "/opt/g")]
+    with pytest.raises(argparse.ArgumentTypeError, match=r"^--epp names the llm-d EPP more than once; give each EPP once$"):
+        B.asked_epps([("llm-d", "/a"), ("llm-d", None)], env={})
+
+
+def test_policies_are_named_per_epp_and_routers_say_which_ran_them():
+    configs = {"llm-d": [("precise", {}), ("approximate", {})], "gie": [("gie", {}), ("gie-equal", {})]}
+    assert B.epp_policies(configs) == {"epp:gie": "gie", "epp:gie-equal": "gie", "epp:precise": "llm-d", "epp:approximate": "llm-d"}
+    with pytest.raises(argparse.ArgumentTypeError, match=r"^configuration approximate is given for both the gie and the llm-d EPP; "):
+        B.epp_policies({"llm-d": [("approximate", {})], "gie": [("approximate", {})]})
+    llmd = B.EPPLane("/opt/epp", {"precise": {}}, [], 5810, "/tmp")
+    gie = B.GIELane("/opt/gie", {"gie": {}}, [B.parse_engine(e) for e in B.DEFAULT_ENGINES], "/tmp", cluster=object())
+    lanes = B.Lanes([llmd, gie])
+    assert (lanes.label("precise"), lanes.label("gie")) == ("llm-d EPP v0.9.0", "GIE EPP v1.4.0")
+    assert lanes.by_name == {"precise": llmd, "gie": gie}
+
+
+def test_only_the_configurations_of_the_epps_that_run():
+    configs = {"llm-d": [("precise", {"a": 1}), ("approximate", {"b": 2})], "gie": [("gie", {"c": 3}), ("gie-equal", {"d": 4})]}
+    every = ["precise", "epp:precise", "epp:approximate", "epp:gie", "epp:gie-equal"]
+    assert B.select_configs(configs, {"gie": "/g"}, every) == {"gie": {"gie": {"c": 3}, "gie-equal": {"d": 4}}}
+    assert B.select_configs(configs, {"llm-d": "/e", "gie": "/g"}, ["epp:precise", "epp:gie-equal"]) == {
+        "llm-d": {"precise": {"a": 1}}, "gie": {"gie-equal": {"d": 4}}}
+    assert B.select_configs(configs, {"llm-d": "/e"}, ["epp:gie"]) == {}
+
+
+def _args(epp=(), llmd=(("precise", {}),), gie=(("gie", {}), ("gie-equal", {}))):
+    return argparse.Namespace(epp=list(epp), epp_config=list(llmd), gie_config=list(gie), kv_port=5810, epp_listen_all=False)
+
+
+def _resolvers(llmd=None, gie=None):
+    refused = "The Go module proxy refuses github.com/llm-d/llm-d-router (403 Forbidden); set SUBSTRATE_EPP_BINARY to an EPP v0.9.0 binary."
+    no_go = "No GIE EPP v1.4.0 at /x/epp; build it with `ansible-playbook playbooks/go_build.yml` (make gie-epp)."
+    return {"llm-d": lambda: (llmd, None if llmd else refused), "gie": lambda: (gie, None if gie else no_go),
+            None: lambda: (("llm-d", llmd), None) if llmd else ((("gie", gie), None) if gie else ((None, None), refused + " " + no_go))}
+
+
+def test_an_epp_that_cannot_be_had_is_left_out_with_one_sentence(monkeypatch):
+    monkeypatch.delenv("SUBSTRATE_EPP_BINARY", raising=False)
+    every = ["precise", "epp:precise", "epp:gie", "epp:gie-equal"]
+    lanes, left_out, failed = B.epp_lanes(_args(epp=[("gie", None)]), [], every, resolvers=_resolvers())
+    assert lanes is None and failed is None
+    assert left_out == ["the Gateway API Inference Extension's EPP v1.4.0 is left out: No GIE EPP v1.4.0 at /x/epp; build it with "
+                        "`ansible-playbook playbooks/go_build.yml` (make gie-epp)."]
+    lanes, left_out, failed = B.epp_lanes(_args(), [], every, resolvers=_resolvers())   # none asked for, none can be had
+    assert lanes is None and failed is None and len(left_out) == 1
+    assert left_out[0].startswith("the real EPP is left out: The Go module proxy refuses github.com/llm-d/llm-d-router (403 ")
+    assert left_out[0].endswith(" No GIE EPP v1.4.0 at /x/epp; build it with `ansible-playbook playbooks/go_build.yml` (make gie-epp).")
+    lanes, left_out, failed = B.epp_lanes(_args(epp=[("llm-d", "/no/such/epp")]), [], every, resolvers=_resolvers())
+    assert (lanes, left_out) == (None, []) and failed == "/no/such/epp is no executable file; give the path of the llm-d router's EPP v0.9.0 binary."
+
+
+def test_both_epps_run_each_with_its_own_configurations(tmp_path, monkeypatch):
+    monkeypatch.delenv("SUBSTRATE_EPP_BINARY", raising=False)
+    binary = tmp_path / "epp"
+    binary.write_text("#!/bin/sh\n")
+    binary.chmod(0o755)
+    engines = [B.parse_engine(e) for e in B.DEFAULT_ENGINES]
+    every = ["precise", "epp:precise", "epp:gie", "epp:gie-equal"]
+    lanes, left_out, failed = B.epp_lanes(_args(epp=[("gie", None), ("llm-d", str(binary))]), engines, every,
+                                          resolvers=_resolvers(gie="/cache/gie/epp"))
+    assert failed is None and left_out == []
+    assert [(lane.impl, lane.binary, sorted(lane.configs)) for lane in lanes.lanes] == [
+        ("gie", "/cache/gie/epp", ["gie", "gie-equal"]), ("llm-d", str(binary), ["precise"])]
+    # Only the EPP asked for runs, though both have configurations (make bench-routing passes them all).
+    lanes, left_out, failed = B.epp_lanes(_args(epp=[("llm-d", str(binary))]), engines, every, resolvers=_resolvers(gie="/g"))
+    assert [lane.impl for lane in lanes.lanes] == ["llm-d"] and left_out == [] and failed is None
+    # None asked for: llm-d's where it can be had, else the GIE EPP; and the one the policies name.
+    lanes, _left, _failed = B.epp_lanes(_args(), engines, every, resolvers=_resolvers(gie="/g"))
+    assert [lane.impl for lane in lanes.lanes] == ["gie"]
+    lanes, _left, _failed = B.epp_lanes(_args(), engines, ["epp:gie"], resolvers=_resolvers(llmd=str(binary), gie="/g"))
+    assert [lane.impl for lane in lanes.lanes] == ["gie"]
+    _lanes, left_out, _failed = B.epp_lanes(_args(epp=[("gie", None)], gie=()), engines, every, resolvers=_resolvers(gie="/g"))
+    assert left_out == ["the Gateway API Inference Extension's EPP v1.4.0 is left out: no configuration of it is given (--gie-config NAME=PATH)"]
+
+
+def test_the_bench_engines_share_one_port_on_two_addresses():
+    """An InferencePool has one target port: the GIE lane needs every engine on it, each on its own address."""
+    a, b = [B.parse_engine(e) for e in B.DEFAULT_ENGINES]
+    assert (a["host"], a["port"], b["host"], b["port"]) == ("127.0.0.1", 8400, "127.0.0.2", 8400)
+    assert a["url"] == "http://127.0.0.1:8400" and b["url"] == "http://127.0.0.2:8400"
+    assert a["topic"] != b["topic"] and b["topic"].startswith("kv@127.0.0.2:8400@")
+    assert (a["endpoint"], b["endpoint"]) == ("tcp://127.0.0.1:5800", "tcp://127.0.0.1:5802")
+    assert B.one_port([a, b]) == 8400
+    apart = [a, B.parse_engine("bench-b=127.0.0.2:8401,5802,5803")]
+    with pytest.raises(B.errors.CheckError, match=r"one target port for all its pods, but the engines are bench-a on 127.0.0.1:8400, "
+                       r"bench-b on 127.0.0.2:8401: run them on one port, each on its own 127.x address"):
+        B.one_port(apart)
+    with pytest.raises(B.errors.CheckError, match=r"bench-a on 127.0.0.1:8400, bench-b on 127.0.0.1:8400"):
+        B.one_port([a, B.parse_engine("bench-b=8400,5802,5803")])
+
+
+def test_gie_configs_must_hash_the_engines_block_size():
+    engines = [B.parse_engine(e) for e in B.DEFAULT_ENGINES]
+    config = {"plugins": [{"type": "queue-scorer"}, {"type": "prefix-cache-scorer", "parameters": {"blockSizeTokens": 32}}]}
+    lane = B.GIELane("/opt/gie", {"gie": config, "plain": {"plugins": [{"type": "prefix-cache-scorer"}]}}, engines, "/tmp", cluster=object())
+    lane.check_configs(32)
+    with pytest.raises(B.errors.CheckError, match=r"^GIE config gie hashes blocks of 32 tokens but the engines' blocks hold 16: "):
+        lane.check_configs(16)
+
+
+def test_the_epps_own_prefix_match_from_its_metrics():
+    gie = ("# TYPE inference_extension_prefix_indexer_hit_ratio histogram\n"
+           'inference_extension_prefix_indexer_hit_ratio_bucket{le="0.5"} 1\n'
+           "inference_extension_prefix_indexer_hit_ratio_sum 1.5\n"
+           "inference_extension_prefix_indexer_hit_ratio_count 3\n")
+    assert B.prefix_match([gie]) == 0.5
+    assert B.prefix_match([gie, gie.replace("1.5", "0.5").replace("_count 3", "_count 1")]) == 0.5
+    assert B.prefix_match(["vllm:prefix_cache_hits_total 3\n", ""]) is None
+
+
+def test_make_renders_and_passes_every_configuration_of_both_epps():
+    """benchmarks/epp_configs.yml renders the GIE configs with router_impl gie; the Makefile passes them as --gie-config."""
+    import yaml  # pylint: disable=import-outside-toplevel
+    with open(os.path.join(ROOT, "benchmarks", "epp_configs.yml"), encoding="utf-8") as handle:
+        tasks = yaml.safe_load(handle)[0]["tasks"]
+    gie = dict((t["vars"]["router_render_dir"].rsplit("/", 1)[1], t["vars"]) for t in tasks if (t.get("vars") or {}).get("router_impl") == "gie")
+    assert sorted(gie) == ["gie", "gie-equal"] and all(v["router_scoring_mode"] == "approximate" for v in gie.values())
+    assert [gie["gie-equal"]["router_gie_%s_weight" % w] for w in ("queue_scorer", "kv_cache_utilization", "prefix_scorer")] == [1.0] * 3
+    with open(os.path.join(ROOT, "Makefile"), encoding="utf-8") as handle:
+        makefile = handle.read()
+    assert "$(foreach m,gie gie-equal,--gie-config $(m)=$(BENCH_EPP_DIR)/$(m)/router/epp-config.yaml)" in makefile
+    assert '"instance": "bench-b", "host": "127.0.0.2", "port": 8400,' in makefile
+
+
+def test_every_configuration_gets_a_tag_of_one_token_count():
+    """The tags are drawn until their token count is the first one's: the prompts of a workload and seed stay alike."""
+    def tokens(text):   # a tokenizer that merges repeated digits
+        return 2 + len(set(text[1:6]))
+    rng = random.Random(1)
+    tag, want = B.draw_tag(rng, tokens)
+    assert re.match(r"^r\d{5}:$", tag) and want == tokens(tag + " tenant")
+    for _i in range(20):
+        other, count = B.draw_tag(rng, tokens, want)
+        assert count == want == tokens(other + " tenant")
+    with pytest.raises(B.errors.CheckError, match=r"^No tag r10000: to r99999: of 99 tokens came up in 500 draws; "):
+        B.draw_tag(rng, tokens, 99)

@@ -106,7 +106,7 @@ def _get(url):
         return json.loads(resp.read())
 
 
-def _stand_in_pid(root_pid, timeout=10.0):
+def _stand_in_pid(root_pid, timeout=60.0):
     """The stand-in's pid: the process under ``root_pid`` whose command line names stand_in_epp.py."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

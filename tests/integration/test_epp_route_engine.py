@@ -3,19 +3,28 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
 
-"""epp_route_check against the real llm-d EPP (pinned version) over two real vLLM CPU engines.
+"""epp_route_check against a real EPP over two real vLLM CPU engines: llm-d's (pinned v0.9.0) or the GIE's (v1.4.0).
 
 Two engines through ``playbooks/kv_index.yml`` (instances ``eppr-a`` on 127.0.0.1:8310 and ``eppr-b`` on
-127.0.0.2:8311, with ``--enable-scale-out`` so the EPP's token producer gets the engines' own tokens from
-``/v1/completions/render``). Each engine connects to its KV-event endpoint; a relay (tools/_epp_local.py)
-binds it and republishes at ``tcp://<engine address>:<one common port>``, the endpoint the EPP's precise producer dials
-(``podDiscoveryConfig.socketPort``) and the check subscribes to. The EPP runs with ``file-discovery`` over the two
-engines and the scheduling of what the router role renders (roles/router/vars/main.yml ``_router_precise_config`` and
-``_router_approximate_config``, with the role's default weights).
+127.0.0.2:8310, one port on two addresses as an InferencePool's target port requires, with ``--enable-scale-out`` so the
+llm-d EPP's token producer gets the engines' own tokens from ``/v1/completions/render``).
 
-The EPP binary: ``SUBSTRATE_EPP_BINARY``, else ``go install`` of the pinned version (skipped with the reason when the
-Go module proxy refuses it). The engines need the installation (``make site``, or ``LOCAL_ENGINE_START=1`` installs it);
-without it the tests skip, or fail under ``LOCAL_ENGINE_REQUIRED=1``.
+Which EPP (``tools/_epp_local.resolve_epp``, said at the start of the run): llm-d's where it can be had
+(``SUBSTRATE_EPP_BINARY``, else ``go install`` of the pinned version, which the Go module proxy here refuses), else the
+Gateway API Inference Extension's EPP, built from its Go module (``make gie-epp``).
+
+* llm-d: file discovery over the engines. Each engine connects to its KV-event endpoint; a relay binds it and
+  republishes at ``tcp://<engine address>:<one common port>``, the endpoint the precise producer dials and the check
+  subscribes to. Configs: what the router role renders (precise and approximate, its default weights).
+* gie: it discovers its endpoints through the Kubernetes API only, so the tests start a kwok cluster of their own (a
+  real kube-apiserver, roles/kwok_cluster) holding an InferencePool over one simulated pod per engine, each pod's IP
+  the address of its real engine (kwok_cluster's pod-IP stage); the EPP reconciles the pool as in a cluster and routes
+  to the real engines. Config: the GIE chart's default scorers (queue 2, KV-cache utilization 2, prefix 3), which the
+  router role renders for router_impl gie. Approximate only: it learns a prefix from its own picks, so it is warmed
+  through itself (the pick asked, then the request sent to the picked engine, as the Gateway would).
+
+The engines need the installation (``make site``, or ``LOCAL_ENGINE_START=1`` installs it); without it the tests skip,
+or fail under ``LOCAL_ENGINE_REQUIRED=1``, as does an EPP that cannot be had.
 """
 
 from __future__ import absolute_import, division, print_function
@@ -26,6 +35,7 @@ import fcntl
 import json
 import os
 import re
+import subprocess
 import sys
 import tempfile
 import urllib.request
@@ -38,25 +48,49 @@ from ansible_collections.inference_cache.substrate.plugins.module_utils.epp.extp
 from ansible_collections.inference_cache.substrate.plugins.module_utils.epp.route_check import RouteCheck
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _engine_lane import ENGINE_PYTHON, STATE_DIR, playbook, skip_or_fail  # noqa: E402  pylint: disable=wrong-import-position
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "tools"))
-from _epp_local import EPP, Relay, free_port, resolve_binary, wait_subscribed  # noqa: E402  pylint: disable=wrong-import-position
+from _engine_lane import ENGINE_PYTHON, ROOT, STATE_DIR, playbook, skip_or_fail  # noqa: E402  pylint: disable=wrong-import-position
+sys.path.insert(0, os.path.join(ROOT, "tools"))
+from _epp_local import EPP, GIEPool, GIE_VERSION, ROUTER_VERSION, Relay, free_port, gie_crds, resolve_binary, resolve_epp, wait_subscribed  # noqa: E402,E501  pylint: disable=wrong-import-position,line-too-long
 
 MODEL, BLOCK_SIZE, HASH_SEED = "tiny", 32, "0"   # the local_engine role's defaults
 ENGINES = [
     {"instance": "eppr-a", "host": "127.0.0.1", "port": 8310, "kv_events_port": 5710, "replay_port": 5711},
-    {"instance": "eppr-b", "host": "127.0.0.2", "port": 8311, "kv_events_port": 5712, "replay_port": 5713},
+    {"instance": "eppr-b", "host": "127.0.0.2", "port": 8310, "kv_events_port": 5712, "replay_port": 5713},
 ]
+# The GIE EPP's kwok cluster: a name and ports of its own (make kwok: 16xxx, test_kwok_cluster: 17xxx, test_kwok_roles: 18xxx, the bench: 19xxx).
+KWOK = {"kwok_cluster_name": "substrate-epp-test", "kwok_cluster_api_port": 20443, "kwok_cluster_etcd_port": 20379,
+        "kwok_cluster_etcd_peer_port": 20380, "kwok_cluster_controller_manager_port": 20257, "kwok_cluster_scheduler_port": 20259,
+        "kwok_cluster_kwok_port": 20247}
+KWOK_PLAYBOOK = """
+- hosts: localhost
+  gather_facts: false
+  roles:
+    - role: inference_cache.substrate.kwok_cluster
+"""
+POOL, NAMESPACE = "eppr-pool", "epp-route-test"
 _RESOLVED = {}
 
 
-def epp_binary():
-    """The EPP binary to test with (tools/_epp_local.resolve_binary), or skip with its reason in one sentence."""
+def epp_under_test():
+    """``(binary, impl)`` of the EPP these tests run (tools/_epp_local.resolve_epp); the reason, failing, when none can be had."""
     if "path" not in _RESOLVED:
-        _RESOLVED["path"], _RESOLVED["why"] = resolve_binary()
+        _RESOLVED["path"], _RESOLVED["impl"], _RESOLVED["why"] = resolve_epp()
+        if not _RESOLVED["path"]:
+            skip_or_fail(_RESOLVED["why"])
     if not _RESOLVED["path"]:
-        pytest.skip(_RESOLVED["why"])
-    return _RESOLVED["path"]
+        skip_or_fail(_RESOLVED["why"])
+    return _RESOLVED["path"], _RESOLVED["impl"]
+
+
+def epp_binary():
+    return epp_under_test()[0]
+
+
+def _which_epp(impl, binary):
+    if impl == "gie":
+        _path, why = resolve_binary(install=False)
+        return "the Gateway API Inference Extension's EPP %s (%s), llm-d's EPP %s being absent (%s)" % (GIE_VERSION, binary, ROUTER_VERSION, why)
+    return "the llm-d EPP %s (%s)" % (ROUTER_VERSION, binary)
 
 
 ENGINE_VARS = ["-e", json.dumps({"kv_index_engines": ENGINES, "local_engine_extra_args": ["--enable-scale-out"]})]
@@ -92,6 +126,18 @@ def _precise_config(render_url):
     }
 
 
+def _gie_config():
+    """What the router role renders for router_impl gie: the GIE chart's default scorers and weights
+    (kubernetes-sigs/gateway-api-inference-extension@v1.4.0:config/charts/epplib/templates/_config.yaml)."""
+    return {
+        "apiVersion": "inference.networking.x-k8s.io/v1alpha1", "kind": "EndpointPickerConfig",
+        "plugins": [{"type": "queue-scorer"}, {"type": "kv-cache-utilization-scorer"}, {"type": "prefix-cache-scorer"}],
+        "schedulingProfiles": [{"name": "default", "plugins": [
+            {"pluginRef": "queue-scorer", "weight": 2}, {"pluginRef": "kv-cache-utilization-scorer", "weight": 2},
+            {"pluginRef": "prefix-cache-scorer", "weight": 3}]}],
+    }
+
+
 def _approximate_config():
     """The router role's approximate config (prefix-cache-scorer on its approximate producer, which reads no KV event)."""
     return {
@@ -110,25 +156,56 @@ def _approximate_config():
     }
 
 
-class Lane:
-    """The two engines, their relays and the common KV-event port; EPPs are started per test."""
+def _kwok(*extra):
+    """One run of roles/kwok_cluster with the tests' cluster settings (state present unless told)."""
+    folder = tempfile.mkdtemp(prefix="epp-kwok-")
+    path = os.path.join(folder, "kwok.yml")
+    with open(path, "w", encoding="utf-8") as out:
+        out.write(KWOK_PLAYBOOK)
+    variables = dict(KWOK, ansible_python_interpreter=sys.executable)
+    return playbook("-i", "localhost,", "-c", "local", path, "-e", json.dumps(variables), *extra)
 
-    def __init__(self, folder):
+
+class Lane:
+    """The two engines, their relays and the common KV-event port; for the GIE EPP, the kwok cluster and its pool. EPPs
+    are started per test."""
+
+    def __init__(self, folder, impl):
         self.folder = folder
+        self.impl = impl
         self.port = free_port(*[e["host"] for e in ENGINES])
         self.relays = [Relay("tcp://127.0.0.1:%d" % e["kv_events_port"], "tcp://%s:%d" % (e["host"], self.port)) for e in ENGINES]
         self.epps = []
+        self.pool = None
+        self.kubeconfig = None
+
+    def start_pool(self):
+        """The GIE EPP's side of Kubernetes: the kwok cluster, the CRDs, the pool's pods on the engines' addresses."""
+        started = _kwok()
+        assert started.returncode == 0, started.stdout[-4000:]
+        self.kubeconfig = os.path.expanduser("~/.cache/inference_cache/kwok_cluster/clusters/%s/kubeconfig" % KWOK["kwok_cluster_name"])
+        self.pool = GIEPool(self.kubeconfig, NAMESPACE, POOL, [(e["instance"], e["host"]) for e in ENGINES], ENGINES[0]["port"])
+        self.pool.apply(crds=gie_crds())
+
+    def config(self, mode):
+        """The config of the EPP under test: llm-d's precise or approximate one, or the GIE's."""
+        if self.impl == "gie":
+            return _gie_config()
+        return _precise_config("http://%s" % _address(ENGINES[0])) if mode == "precise" else _approximate_config()
 
     def epp(self, config, secure=False):
-        for plugin in config["plugins"]:
+        for plugin in config.get("plugins") or []:
             discovery = plugin.get("parameters", {}).get("kvEventsConfig", {}).get("podDiscoveryConfig")
             if discovery is not None:
                 discovery["socketPort"] = self.port
         before = [len(r.subscriptions) for r in self.relays]
-        epp = EPP(epp_binary(), config, [(e["instance"], e["host"], e["port"]) for e in ENGINES], self.folder, secure=secure,
-                  name="epp-%d" % len(self.epps))
+        binary, impl = epp_under_test()
+        epp = EPP(binary, config, [(e["instance"], e["host"], e["port"]) for e in ENGINES], self.folder, secure=secure,
+                  name="epp-%d" % len(self.epps), impl=impl, pool=POOL, kubeconfig=self.kubeconfig, namespace=NAMESPACE)
         self.epps.append(epp)
         epp.start()
+        if impl == "gie":
+            epp.wait_ready_pods(len(ENGINES), POOL)   # it reconciled the InferencePool and both pods
         epp.subscriptions_before = before
         return epp
 
@@ -140,12 +217,18 @@ class Lane:
         params.update(extra)
         return params
 
-    def warm(self, epp, engine, prompt):
-        """A callable for ``run(warm=...)``: once the EPP and the check subscribe, the engine computes the prompt."""
+    def warm(self, epp, engine, prompt, through_epp=False, tls=None):
+        """A callable for ``run(warm=...)``: once the EPP and the check subscribe, the engine computes the prompt; with
+        ``through_epp`` the EPP routes it there first (a gateway's subset hint of that one endpoint), as it learns a prefix
+        from its own picks only."""
         def warm():
-            precise = any(p.get("type") == "precise-prefix-cache-producer" for p in epp.config["plugins"])
+            precise = any(p.get("type") == "precise-prefix-cache-producer" for p in epp.config.get("plugins") or [])
             # The check's subscription, and the EPP's when it reads KV events, reached every relay.
             wait_subscribed(self.relays, [before + (2 if precise else 1) for before in epp.subscriptions_before])
+            if through_epp:
+                body = json.dumps({"model": MODEL, "prompt": prompt, "max_tokens": 1}).encode()
+                picked = ask_pick(epp.address, body, subset=[_address(engine)], **(tls or {}))["picked"]
+                assert picked == _address(engine), (picked, _address(engine))
             complete(engine, prompt)
         return warm
 
@@ -169,8 +252,9 @@ def prefix(tag):
 
 
 @pytest.fixture(scope="module")
-def lane():
-    epp_binary()   # skip first when there is no EPP: nothing is started
+def lane(capsys_disabled_print):
+    binary, impl = epp_under_test()   # fail (or skip) first when there is no EPP: nothing is started
+    capsys_disabled_print("EPP under test: %s." % _which_epp(impl, binary))
     if not os.path.exists(ENGINE_PYTHON) and os.environ.get("LOCAL_ENGINE_START") != "1":
         skip_or_fail("No engine installation at %s (run `make site`, or set LOCAL_ENGINE_START=1): these tests need it." % ENGINE_PYTHON)
     os.makedirs(STATE_DIR, exist_ok=True)
@@ -179,23 +263,42 @@ def lane():
         folder = tempfile.mkdtemp(prefix="epp-route-")
         here = None
         try:
-            here = Lane(folder)
+            here = Lane(folder, impl)
             start = playbook("playbooks/kv_index.yml", "-e", "kv_index_run_check=false", *ENGINE_VARS)
             assert start.returncode == 0, start.stdout[-3000:]
+            if impl == "gie":
+                here.start_pool()
             yield here
         finally:
             if here is not None:
                 here.close()
+                if here.pool is not None:
+                    here.pool.delete()
             stop = playbook("playbooks/kv_index.yml", "-e", "kv_index_state=absent", *ENGINE_VARS)
+            stopped = _kwok("-e", "kwok_cluster_state=absent") if impl == "gie" else None
             fcntl.flock(lock, fcntl.LOCK_UN)
             assert stop.returncode == 0, stop.stdout[-3000:]
+            assert stopped is None or stopped.returncode == 0, stopped.stdout[-3000:]
 
 
-def _route(lane_, server, warmed, tag, **extra):
-    """Warm ``warmed`` with the prefix, then ask the EPP about the same prefix (another question) and a cold prompt."""
+@pytest.fixture(scope="module")
+def capsys_disabled_print(pytestconfig):
+    """Print a line into pytest's output as it runs (not captured), e.g. which EPP the tests ran."""
+    capture = pytestconfig.pluginmanager.getplugin("capturemanager")
+
+    def say(line):
+        with capture.global_and_fixture_disabled():
+            sys.stdout.write("\n%s\n" % line)
+    return say
+
+
+def _route(lane_, server, warmed, tag, through_epp=False, **extra):
+    """Warm ``warmed`` with the prefix (through the EPP, for one that learns from its picks), then ask the EPP about the
+    same prefix (another question) and a cold prompt."""
     check = RouteCheck(lane_.params(server, [{"name": "warm", "prompt": prefix(tag) + "Second question: why?"},
                                              {"name": "cold", "prompt": "Cold %s: two plus two?" % tag}], **extra))
-    return check.run(warm=lane_.warm(server, warmed, prefix(tag) + "First question: what?"))
+    tls = dict((k, extra["epp"][k]) for k in ("tls", "validate_certs")) if "epp" in extra else None
+    return check.run(warm=lane_.warm(server, warmed, prefix(tag) + "First question: what?", through_epp=through_epp, tls=tls))
 
 
 def _assert_pick(facts, engine):
@@ -207,11 +310,13 @@ def _assert_pick(facts, engine):
 
 
 @pytest.mark.parametrize("warmed", [0, 1], ids=["engine-a", "engine-b"])
-def test_precise_epp_picks_the_engine_holding_the_prefix(lane, warmed):  # pylint: disable=redefined-outer-name
+def test_epp_picks_the_engine_holding_the_prefix(lane, warmed):  # pylint: disable=redefined-outer-name
+    """llm-d: precise, warmed behind its back (it learns from the engine's KV events). GIE: approximate, warmed through
+    itself (the request it routed there): either way its next pick for the prefix is the engine that holds it."""
     engine = ENGINES[warmed]
-    epp = lane.epp(_precise_config("http://%s" % _address(ENGINES[0])))
+    epp = lane.epp(lane.config("precise"))
     try:
-        facts = _route(lane, epp, engine, "precise%d" % warmed)
+        facts = _route(lane, epp, engine, "%s%d" % (lane.impl.replace("-", ""), warmed), through_epp=lane.impl == "gie")
     finally:
         epp.stop()
     _assert_pick(facts, engine)
@@ -219,7 +324,7 @@ def test_precise_epp_picks_the_engine_holding_the_prefix(lane, warmed):  # pylin
 
 def test_approximate_epp_misses_a_prefix_cached_behind_its_back(lane):  # pylint: disable=redefined-outer-name
     """The approximate producer learns from its own picks only: it sends the prefix where it routed it before."""
-    epp = lane.epp(_approximate_config())
+    epp = lane.epp(lane.config("approximate"))
     try:
         tag = "approx"
         first = ask_pick(epp.address, json.dumps({"model": MODEL, "prompt": prefix(tag) + "Zeroth question: who?", "max_tokens": 1}).encode())
@@ -240,14 +345,14 @@ def test_approximate_epp_misses_a_prefix_cached_behind_its_back(lane):  # pylint
     assert error.facts["warm_requests"] == 1 and error.facts["warm_holds_longest"] == 0, error.facts
 
 
-def test_precise_epp_over_tls(lane):  # pylint: disable=redefined-outer-name
+def test_epp_over_tls(lane):  # pylint: disable=redefined-outer-name
     """The EPP's default, --secure-serving=true (its self-signed certificate): the check speaks TLS without verifying it."""
     engine = ENGINES[0]
-    epp = lane.epp(_precise_config("http://%s" % _address(ENGINES[1])), secure=True)
+    epp = lane.epp(lane.config("precise") if lane.impl == "gie" else _precise_config("http://%s" % _address(ENGINES[1])), secure=True)
     try:
         with pytest.raises(CheckError, match=r"Cannot reach the EPP's ext_proc service at .*\(the EPP's default, --secure-serving=true: set tls true\)\.$"):
             ask_pick(epp.address, b"{}", timeout=10)   # plain gRPC to the TLS port: the sentence says to set tls true
-        facts = _route(lane, epp, engine, "tls", epp={"address": epp.address, "tls": True, "validate_certs": False})
+        facts = _route(lane, epp, engine, "tls", through_epp=lane.impl == "gie", epp={"address": epp.address, "tls": True, "validate_certs": False})
     finally:
         epp.stop()
     _assert_pick(facts, engine)

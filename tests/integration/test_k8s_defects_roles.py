@@ -18,6 +18,8 @@ available. What runs for real: the roles' variables and Jinja expressions, their
 * 5: charts and the CRD manifest from a local path or a mirror, checked before installing; unavailable: one sentence
   and a failure, or (``*_skip_unavailable_chart``) the release left out, said so, never reported installed;
 * 7b: the verifier Job's create/wait/read/delete report no change;
+* issue 28: the verifier's Job (with its pod) and ConfigMap are removed after every run, passed or failed, unless
+  ``cluster_verify_keep_job`` (then kept, on failure too); the run says where the report is and what was removed;
 * 8: a verifier pod without logs on a kwok node: one sentence, ``cluster_verify_simulated_nodes`` fail or warn.
 
 And issue 21's wiring contract: what model_server publishes for subscribers (``model_server_contract.kv_subscriber``),
@@ -162,6 +164,21 @@ VERIFY_JOB = "Run | create the ConfigMap and the Job (server-side apply)"
 VERIFY_LOG = "Run | read the verifier's report"
 VERIFY_POD = "Run | the Job's pod"
 VERIFY_NODE = "Run | the node the pod ran on"
+VERIFY_WAIT = "Run | wait for the Job to finish (bounded)"
+VERIFY_REMOVE = "Run | remove the Job and the ConfigMap"
+VERIFY_WHERE = "Run | the report, and where it is"
+REPORT_OK = {"log": 'checking\n{"ok": true, "msg": "2 engine pods passed"}\n',
+             "log_lines": ["checking", '{"ok": true, "msg": "2 engine pods passed"}', ""]}
+REPORT_BAD = {"log": '{"ok": false, "msg": "pod 10.0.0.7: no KV event within 60 s."}\n',
+              "log_lines": ['{"ok": false, "msg": "pod 10.0.0.7: no KV event within 60 s."}', ""]}
+# What the run says of the Job and the ConfigMap (namespace inference-cache, name kv-events-verifier).
+REMOVED = ("Job inference-cache/kv-events-verifier (with its pod) and ConfigMap inference-cache/kv-events-verifier were removed "
+           "(cluster_verify_keep_job=false); the report is the fact cluster_verify_report, printed by the task 'Run | the report, "
+           "and where it is' (set cluster_verify_keep_job=true to keep them and the verifier's log).")
+KEPT = ("Job inference-cache/kv-events-verifier and ConfigMap inference-cache/kv-events-verifier are kept (cluster_verify_keep_job=true): "
+        "kubectl logs -n inference-cache job/kv-events-verifier shows the verifier's log, kubectl delete -n inference-cache "
+        "job/kv-events-verifier configmap/kv-events-verifier removes them; the report is the fact cluster_verify_report, printed by "
+        "the task 'Run | the report, and where it is'.")
 # What kubernetes.core.k8s_log says where the kubelet (kwok's) has no logs: the ApiException as text.
 NO_LOGS = {"failed": True, "msg": "Unable to retrieve log from Pod due to: (400)\nReason: Bad Request\nHTTP response headers: "
                                   "HTTPHeaderDict({'Content-Type': 'text/plain; charset=utf-8', 'Content-Length': '38'})\n"
@@ -172,6 +189,53 @@ KWOK_NODE = {"metadata": {"name": "kwok-gpu-0", "annotations": {"kwok.x-k8s.io/n
 REAL_NODE = {"metadata": {"name": "worker-1", "annotations": {"node.alpha.kubernetes.io/ttl": "0"}}}
 KWOK_SENTENCE = ("The verifier Job's pod ran on kwok node kwok-gpu-0, which simulates pods and runs no containers, so no check ran "
                  "and there is no report; the in-cluster checks need real nodes (kind or a GPU cluster).")
+
+
+# Issue 28: model_server's apply where another field manager owns .spec.replicas.
+MS_LIVE = "Apply | read the live Deployments"
+MS_HANDOVER = "Apply | hand .spec.replicas over to the replicas manager, or bring it in step"
+MS_APPLY = "Apply | apply the manifests"
+MS_FIRST = "Apply | give each new Deployment its first size (replicas managed externally)"
+MS_WAIT = "Apply | wait until every engine replica is ready (bounded)"
+MS_SETTLE = "Apply | apply the new Deployments once more (managed fields settle)"
+
+
+def live_deployment(replicas, *owners):
+    """A Deployment as the API returns it, .spec.replicas held by these (manager, operation) pairs."""
+    return {"metadata": {"name": "model-server", "namespace": "inference-cache",
+                         "managedFields": [{"manager": "inference-cache-substrate", "operation": "Apply", "fieldsType": "FieldsV1",
+                                            "fieldsV1": {"f:spec": {"f:template": {}}}}]
+                         + [{"manager": manager, "operation": operation, "fieldsType": "FieldsV1",
+                             "fieldsV1": {"f:spec": {"f:replicas": {}}}} for manager, operation in owners]},
+            "spec": {"replicas": replicas}}
+
+
+def refused(status):
+    """kubernetes.core.k8s with continue_on_error: the API's body as bytes in the error's msg."""
+    return {"changed": False, "result": {}, "error": {"msg": "Failed to apply object: {0}".format(json.dumps(status).encode()),
+                                                      "reason": status.get("reason")}}
+
+
+CONFLICT_REPLICAS = refused({"kind": "Status", "status": "Failure", "reason": "Conflict", "code": 409,
+                             "message": "Apply failed with 1 conflict: conflict with \"hpa-test\" with subresource \"scale\" using apps/v1: "
+                                        ".spec.replicas",
+                             "details": {"causes": [{"reason": "FieldManagerConflict", "field": ".spec.replicas",
+                                                     "message": "conflict with \"hpa-test\" with subresource \"scale\" using apps/v1"}]}})
+CONFLICT_IMAGE = refused({"kind": "Status", "status": "Failure", "reason": "Conflict", "code": 409,
+                          "message": "Apply failed with 1 conflict: conflict with \"argocd\": .spec.template.spec.containers[name=\"engine\"].image",
+                          "details": {"causes": [{"reason": "FieldManagerConflict", "message": "conflict with \"argocd\"",
+                                                  "field": ".spec.template.spec.containers[name=\"engine\"].image"}]}})
+INVALID = refused({"kind": "Status", "status": "Failure", "reason": "Invalid", "code": 422,
+                   "message": "Deployment.apps \"model-server\" is invalid: spec.template.spec.containers[0].image: Required value"})
+
+
+def engines_applied(**extra):
+    """model_server applying to the stand-in cluster (no render folder), the rollout wait off unless a case asks."""
+    responses = extra.pop("responses", {})
+    host = {"_case_role": "model_server", "model_server_allow_unpinned_images": True, "model_server_wait": False,
+            "_fake_k8s_responses": responses, "_case_dump": ["model_server_contract"]}
+    host.update(extra)
+    return host
 
 
 # A mirror that exists, given beside router_crds_src: get_url must not fetch it.
@@ -196,7 +260,7 @@ def router(**extra):
 
 def verify(**extra):
     host = {"_case_role": "cluster_verify", "cluster_verify_allow_unpinned_images": True, "cluster_verify_engine": ENGINES,
-            "cluster_verify_checks": ["kv_events", "prefix_cache"], "cluster_verify_keep_job": False,
+            "cluster_verify_checks": ["kv_events", "prefix_cache"],
             "_fake_k8s_responses": {"Run | wait for the Job to finish (bounded)": {"resources": [{"status": {"succeeded": 1}}]}},
             "_case_dump": ["cluster_verify_report"]}
     responses = extra.pop("responses", {})
@@ -283,8 +347,15 @@ CASES = {
                                                                              status={"phase": "Failed"})]},
                                              VERIFY_NODE: {"resources": [REAL_NODE]}}),
     # 7b and the report path: a report in the logs passes; the Job tasks report no change.
-    "verify-report": verify(responses={VERIFY_LOG: {"log": 'checking\n{"ok": true, "msg": "2 engine pods passed"}\n',
-                                                    "log_lines": ["checking", '{"ok": true, "msg": "2 engine pods passed"}', ""]}}),
+    "verify-report": verify(responses={VERIFY_LOG: REPORT_OK}),
+    # Issue 28: kept when asked, passed or failed; removed by default also when the verification fails, or a step of it.
+    "verify-keep": verify(cluster_verify_keep_job=True, responses={VERIFY_LOG: REPORT_OK}),
+    "verify-keep-failed": verify(cluster_verify_keep_job=True, responses={VERIFY_LOG: REPORT_BAD}),
+    "verify-failed": verify(responses={VERIFY_LOG: REPORT_BAD}),
+    "verify-timeout": verify(cluster_verify_timeout=1, responses={VERIFY_WAIT: {"resources": [{"status": {"active": 1}}]}}),
+    "verify-no-json": verify(responses={VERIFY_LOG: {"log": "Traceback (most recent call last):\nImportError: no module named zmq\n",
+                                                     "log_lines": ["Traceback (most recent call last):",
+                                                                   "ImportError: no module named zmq", ""]}}),
     # Issue 21: the verifier subscribes as the engines' published kv_subscriber says (here unlike the contract's other fields).
     "verify-subscriber": verify(cluster_verify_engine=dict(ENGINES, kv_subscriber=SUBSCRIBER),
                                 responses={VERIFY_LOG: {"log": '{"ok": true, "msg": "1 engine pod passed"}\n'}}),
@@ -303,6 +374,20 @@ CASES = {
                                     model_server_kv_events_node_port_enabled=True, model_server_kv_events_node_port_source_cidrs=["10.0.0.0/8"]),
     "engines-router-partial": engines("engines-router-partial", model_server_router={"scoring_mode": "approximate"}),
     "engines-router-legacy": engines("engines-router-legacy", model_server_router_scoring_mode="bogus"),
+    # Issue 28: .spec.replicas and other field managers.
+    "replicas-conflict": engines_applied(responses={MS_LIVE: {"resources": [live_deployment(3, ("hpa-test", "Update"))]},
+                                                    MS_APPLY: CONFLICT_REPLICAS}),
+    "replicas-external": engines_applied(model_server_replicas_managed_externally=True, model_server_wait=True,
+                                         responses={MS_LIVE: {"resources": [live_deployment(3, ("hpa-test", "Update"))]},
+                                                    MS_WAIT: {"resources": [{"spec": {"replicas": 3},
+                                                                             "status": {"readyReplicas": 3, "updatedReplicas": 3}}]}}),
+    "replicas-handover": engines_applied(model_server_replicas_managed_externally=True,
+                                         responses={MS_LIVE: {"resources": [live_deployment(2, ("inference-cache-substrate", "Apply"))]}}),
+    "replicas-new": engines_applied(model_server_replicas_managed_externally=True, model_server_replicas=4),
+    "replicas-back": engines_applied(responses={MS_LIVE: {"resources": [live_deployment(3, ("inference-cache-substrate-replicas", "Apply"))]}}),
+    "replicas-owned": engines_applied(responses={MS_LIVE: {"resources": [live_deployment(2, ("inference-cache-substrate", "Apply"))]}}),
+    "conflict-image": engines_applied(responses={MS_APPLY: CONFLICT_IMAGE}),
+    "refused-invalid": engines_applied(responses={MS_APPLY: INVALID}),
 }
 
 
@@ -570,7 +655,7 @@ def test_router_skip_unavailable_leaves_out_what_cannot_be_had(run):
 
 # 8. The verifier's report where the pod has no logs.
 def test_verifier_on_kwok_fails_with_one_sentence(run):
-    assert result(run, "verify-kwok-fail")["_case_failed"] == KWOK_SENTENCE
+    assert result(run, "verify-kwok-fail")["_case_failed"] == KWOK_SENTENCE + " " + REMOVED
 
 
 def test_verifier_on_kwok_warns_and_claims_no_success(run):
@@ -584,17 +669,72 @@ def test_verifier_on_kwok_warns_and_claims_no_success(run):
 def test_verifier_without_logs_on_a_real_node_names_pod_node_phase_and_reason(run):
     msg = result(run, "verify-real-no-logs")["_case_failed"]
     assert msg == ("The verifier Job's pod kv-events-verifier-x7k2p on node worker-1 is Failed and left no logs, so there is no "
-                   "report (the API: 400 Bad Request: no logs found for container \"verify\")."), msg
+                   "report (the API: 400 Bad Request: no logs found for container \"verify\"). " + REMOVED), msg
 
 
 def test_verifier_report_passes_and_the_probe_reports_no_change(run):
     res = result(run, "verify-report")
     assert res["_case_failed"] == "" and res["cluster_verify_report"] == {"ok": True, "msg": "2 engine pods passed"}
     tasks = [c["task"] for c in calls(run, "verify-report")]
-    assert tasks[0] == "Run | remove the previous Job" and tasks[-1] == "Run | remove the Job", tasks
+    assert tasks[0] == "Run | remove the previous Job" and tasks[-2:] == [VERIFY_REMOVE] * 2, tasks
     # The stand-in answers changed=true for every create and delete: changed_when false keeps the run at changed=0.
-    for name in ("verify-report", "verify-kwok-warn"):
+    for name in ("verify-report", "verify-kwok-warn", "verify-keep", "verify-failed", "verify-timeout"):
         assert recap(run, name)["changed"] == 0, recap(run, name)
+
+
+# Issue 28: the verifier's objects after the run.
+def _removed(run, name):
+    """(kind, name, propagation, wait) of each object the run deleted after the verification."""
+    return [(c["args"]["definition"]["kind"], c["args"]["definition"]["metadata"]["name"],
+             c["args"].get("delete_options", {}).get("propagationPolicy"), c["args"].get("wait"))
+            for c in calls(run, name, VERIFY_REMOVE)]
+
+
+def test_by_default_the_job_with_its_pod_and_the_configmap_are_removed_and_the_run_says_where_the_report_is(run):
+    with open(os.path.join(ROOT, "roles", "cluster_verify", "defaults", "main.yml")) as handle:
+        assert yaml.safe_load(handle)["cluster_verify_keep_job"] is False
+    assert _removed(run, "verify-report") == [("Job", "kv-events-verifier", "Foreground", True),
+                                              ("ConfigMap", "kv-events-verifier", "Foreground", True)]
+    applied = sorted(c["args"]["definition"]["kind"] for c in calls(run, "verify-report", VERIFY_JOB))
+    assert applied == ["ConfigMap", "Job"], "what was created is what is removed"
+    said = task_output(run, "Run | every engine pod must pass")
+    assert "2 engine pods passed. " + REMOVED in said, said
+    where = task_output(run, VERIFY_WHERE)
+    assert json.dumps(REMOVED) in where and '"2 engine pods passed"' in where, where
+
+
+def test_keep_job_keeps_them_passed_or_failed(run):
+    for name in ("verify-keep", "verify-keep-failed"):
+        assert calls(run, name, VERIFY_REMOVE) == [], name
+        assert [c["task"] for c in calls(run, name)][-1] == VERIFY_LOG, "nothing deleted after the report was read"
+    assert "2 engine pods passed. " + KEPT in task_output(run, "Run | every engine pod must pass")
+    assert result(run, "verify-keep")["_case_failed"] == ""
+    assert result(run, "verify-keep-failed")["_case_failed"] == "pod 10.0.0.7: no KV event within 60 s. " + KEPT
+
+
+def test_a_failed_verification_removes_them_and_says_so_and_where_the_report_is(run):
+    res = result(run, "verify-failed")
+    assert res["_case_failed"] == "pod 10.0.0.7: no KV event within 60 s. " + REMOVED
+    assert res["cluster_verify_report"] == {"ok": False, "msg": "pod 10.0.0.7: no KV event within 60 s."}
+    assert _removed(run, "verify-failed") == _removed(run, "verify-report")
+
+
+def test_a_failed_step_is_the_report_and_the_objects_are_still_removed(run):
+    """The bounded wait runs out: no report can be read; the failure is the report, the Job and ConfigMap go anyway."""
+    res = result(run, "verify-timeout")
+    msg = ("The verifier Job inference-cache/kv-events-verifier did not finish within 1 s (its status: {\"active\": 1}).")
+    assert res["cluster_verify_report"] == {"ok": False, "msg": msg}
+    assert res["_case_failed"] == msg + " " + REMOVED
+    assert _removed(run, "verify-timeout") == _removed(run, "verify-report")
+    assert calls(run, "verify-timeout", VERIFY_LOG) == [], "no report was read"
+
+
+def test_a_log_without_a_report_keeps_its_last_lines(run):
+    """The log goes with the Job: a verifier that crashed leaves its last lines in the report."""
+    res = result(run, "verify-no-json")
+    assert res["cluster_verify_report"]["log_tail"] == ["Traceback (most recent call last):", "ImportError: no module named zmq"]
+    assert res["_case_failed"].startswith("The verifier Job's pod printed no report (no JSON line in its log)"), res["_case_failed"]
+    assert res["_case_failed"].endswith(REMOVED)
 
 
 # Issue 21: the wiring contract in the roles.
@@ -671,3 +811,78 @@ def test_verifier_configmap_carries_the_tools_import_closure(run):
     items = [v for v in job["spec"]["template"]["spec"]["volumes"] if v["name"] == "code"][0]["configMap"]["items"]
     assert [i["path"] for i in items] == files
     assert "tools/_loader.py" in files and "plugins/module_utils/engine/process.py" not in files
+
+
+# Issue 28: model_server and another field manager's .spec.replicas (the same on a real API server: test_kwok_roles.py).
+def _deployments_applied(run, name):
+    return [c["args"]["definition"] for c in calls(run, name, MS_APPLY) if c["args"]["definition"]["kind"] == "Deployment"]
+
+
+def test_replicas_another_manager_set_stop_the_role_in_one_sentence_naming_it_and_the_variable(run):
+    assert result(run, "replicas-conflict")["_case_failed"] == (
+        'Deployment inference-cache/model-server: .spec.replicas belongs to field manager "hpa-test" (such as an autoscaler or kubectl '
+        "scale; it set 3), and server-side apply does not take it back for model_server_replicas=2; set "
+        "model_server_replicas_managed_externally=true to leave the replicas to it, or model_server_replicas=3 to agree with it.")
+    applied = calls(run, "replicas-conflict", MS_APPLY)
+    assert applied and all(c["args"]["continue_on_error"] is True for c in applied)
+    assert all("force_conflicts" not in c["args"]["server_side_apply"] for c in applied), "the role never forces another's field"
+    assert calls(run, "replicas-conflict", MS_HANDOVER) == [] and calls(run, "replicas-conflict", MS_FIRST) == []
+
+
+def test_other_refusals_are_one_sentence_too(run):
+    assert result(run, "conflict-image")["_case_failed"] == (
+        'Deployment inference-cache/model-server: field manager "argocd" owns .spec.template.spec.containers[name="engine"].image, '
+        "which this role applies too, and server-side apply does not take fields from another manager; set them through the "
+        "variables of this role, or release them from that manager (kubectl apply --server-side --force-conflicts "
+        "--field-manager=inference-cache-substrate).")
+    msg = result(run, "refused-invalid")["_case_failed"]
+    assert msg.startswith("The API server refused Deployment inference-cache/model-server: Failed to apply object: b'"), msg
+    assert "spec.template.spec.containers[0].image: Required value" in msg
+
+
+def test_replicas_managed_externally_leave_the_field_out_and_wait_for_the_live_count(run):
+    res = result(run, "replicas-external")
+    assert res["_case_failed"] == ""
+    (dep,) = _deployments_applied(run, "replicas-external")
+    assert "replicas" not in dep["spec"], "server-side apply must not claim .spec.replicas"
+    assert calls(run, "replicas-external", MS_HANDOVER) == [] and calls(run, "replicas-external", MS_FIRST) == []
+    assert res["model_server_contract"]["replicas"] == 3, "the verifier expects the autoscaler's count"
+    assert res["model_server_contract"]["replicas_managed_externally"] is True
+    assert recap(run, "replicas-external")["failed"] == 0
+
+
+def test_leaving_a_count_the_role_held_hands_it_over_first(run):
+    """Dropping a field the role's apply alone owns would reset it to 1: the replicas manager takes it at its live value."""
+    tasks = [c["task"] for c in calls(run, "replicas-handover")]
+    assert tasks.index(MS_HANDOVER) < tasks.index(MS_APPLY), tasks
+    (handover,) = calls(run, "replicas-handover", MS_HANDOVER)
+    assert handover["args"]["server_side_apply"] == {"field_manager": "inference-cache-substrate-replicas"}
+    assert handover["args"]["definition"] == {"apiVersion": "apps/v1", "kind": "Deployment",
+                                              "metadata": {"name": "model-server", "namespace": "inference-cache"},
+                                              "spec": {"replicas": 2}}
+    assert "replicas" not in _deployments_applied(run, "replicas-handover")[0]["spec"]
+    assert result(run, "replicas-handover")["_case_failed"] == ""
+
+
+def test_a_new_deployment_gets_its_first_size_once_through_the_replicas_manager(run):
+    tasks = [c["task"] for c in calls(run, "replicas-new")]
+    assert tasks.index(MS_APPLY) < tasks.index(MS_FIRST), tasks
+    (first,) = calls(run, "replicas-new", MS_FIRST)
+    assert first["args"]["server_side_apply"] == {"field_manager": "inference-cache-substrate-replicas"}
+    assert first["args"]["definition"]["spec"] == {"replicas": 4}
+    assert "replicas" not in _deployments_applied(run, "replicas-new")[0]["spec"]
+    # Then the role's manager applies the Deployment once more: the API server rewrites that manager's managed-fields entry
+    # once after another applier's write (seen on kube-apiserver v1.33), so the next run is a no-op (test_kwok_roles.py).
+    (settle,) = calls(run, "replicas-new", MS_SETTLE)
+    assert tasks.index(MS_FIRST) < tasks.index(MS_SETTLE)
+    assert settle["args"]["server_side_apply"] == {"field_manager": "inference-cache-substrate"}
+    assert settle["args"]["definition"] == _deployments_applied(run, "replicas-new")[0]
+    assert calls(run, "replicas-external", MS_SETTLE) == [], "only for a Deployment this run created"
+
+
+def test_owning_the_count_again_brings_the_replicas_manager_in_step(run):
+    (step,) = calls(run, "replicas-back", MS_HANDOVER)
+    assert step["args"]["definition"]["spec"] == {"replicas": 2}, "model_server_replicas, so the role's apply meets its own value"
+    assert _deployments_applied(run, "replicas-back")[0]["spec"]["replicas"] == 2
+    assert calls(run, "replicas-owned", MS_HANDOVER) == [], "the role owns the count and keeps it: nothing to hand over"
+    assert result(run, "replicas-owned")["_case_failed"] == ""

@@ -14,6 +14,7 @@ __metaclass__ = type  # pylint: disable=invalid-name
 
 import json
 import os
+import select
 import socket
 import subprocess
 import sys
@@ -82,7 +83,7 @@ def test_module_connect_mode_vllm_map(start_publisher):
 def test_module_bind_mode_replay_repairs_gap(start_publisher, tmp_path, fmt, replay_topic):
     ep, rep = tcp(), tcp()
     args = ["--endpoint", ep, "--replay-endpoint", rep, "--format", fmt, "--count", "8", "--drop-at", "2,3",
-            "--wait-subscriber", "60", "--linger", "10", "--duration", "90", "--hashes", "bytes"]
+            "--wait-subscriber", "60", "--linger", "60", "--until-unsubscribed", "--duration", "90", "--hashes", "bytes"]
     if not replay_topic:
         args.append("--no-replay-topic")
     start_publisher(*args)  # connects, like vLLM with tcp://127.0.0.1:PORT
@@ -118,7 +119,8 @@ def test_module_topic_mismatch_message(start_publisher):
     ep = tcp()
     start_publisher("--endpoint", ep, "--bind", "--topic", "kv-events", "--count", "20", "--interval", "0.1",
                     "--wait-subscriber", "60", "--duration", "90")
-    ok, res = ansible_module({"endpoint": ep, "topic": "kv@", "timeout": 3})
+    # The check fails at its timeout naming what arrived by then: a bound generous for messages that take milliseconds.
+    ok, res = ansible_module({"endpoint": ep, "topic": "kv@", "timeout": 15})
     assert not ok
     assert "but messages arrived under topic 'kv-events'; set topic to match" in res["msg"]
 
@@ -143,7 +145,7 @@ def test_subscriber_cli_names_its_own_flags(start_publisher):
 def test_subscriber_cli_json_lines(start_publisher):
     ep, rep = tcp(), tcp()
     start_publisher("--endpoint", ep, "--bind", "--replay-endpoint", rep, "--count", "6", "--drop-at", "2", "--unknown-at", "1",
-                    "--wait-subscriber", "30", "--linger", "10", "--duration", "60")
+                    "--wait-subscriber", "30", "--linger", "60", "--until-unsubscribed", "--duration", "60")
     out = subprocess.run(SUBSCRIBE + ["--endpoint", ep, "--replay-endpoint", rep, "--json", "--max", "0", "--timeout", "20",
                                       "--settle", "0.5"], capture_output=True, text=True, timeout=60, check=False)
     assert out.returncode == 0, out.stderr
@@ -171,14 +173,18 @@ def test_subscriber_cli_max_and_failure(start_publisher):
 
 def test_publisher_cli_address_in_use(start_publisher):
     ep = tcp()
-    first = start_publisher("--endpoint", ep, "--bind", "--count", "0", "--linger", "5", "--duration", "10")
-    for _i in range(100):  # wait until the first publisher holds the port
+    first = start_publisher("--endpoint", ep, "--bind", "--count", "0", "--linger", "60", "--duration", "60")
+
+    def holds_the_port():
         with socket.socket() as probe:
-            if probe.connect_ex(("127.0.0.1", int(ep.rsplit(":", 1)[1]))) == 0:
-                break
+            return probe.connect_ex(("127.0.0.1", int(ep.rsplit(":", 1)[1]))) == 0
+    deadline = time.monotonic() + 60   # a bound on the first publisher's start, not a delay
+    while not holds_the_port():
+        assert time.monotonic() < deadline and first.poll() is None, "the first publisher never held the port"
         time.sleep(0.05)
-    second = subprocess.run(PUBLISH + ["--endpoint", ep, "--bind", "--count", "1"], capture_output=True, text=True, timeout=30,
+    second = subprocess.run(PUBLISH + ["--endpoint", ep, "--bind", "--count", "1"], capture_output=True, text=True, timeout=60,
                             check=False)
+    first.kill()
     first.wait(30)
     assert second.returncode == 1 and "the address is already in use" in second.stderr
 
@@ -204,20 +210,33 @@ def test_vllm_publisher_burst_loses_nothing():
               "replay_endpoint": "tcp://127.0.0.1:%d" % rep_port, "timeout": 420.0, "expect": {"BlockStored": 20000},
               "settle": 1.0, "include_token_ids": False}
     result = {}
+    checker = check.KVEventsCheck(params)
 
     def run():
         try:
-            result["facts"] = check.KVEventsCheck(params).run()
+            result["facts"] = checker.run()
         except check.CheckError as exc:
             result["facts"], result["msg"] = exc.facts, exc.msg
 
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    time.sleep(0.5)  # the check binds first; vLLM connects to an endpoint without '*'
+    # Conditions, each with a generous bound, in place of fixed delays: vLLM imported and its publisher made (it connects to
+    # an endpoint without '*' and retries until the check binds; the import alone took 135 s at load 15); then the check
+    # started, so its timeout covers the burst and the replays only; the burst once the check saw the connection. The
+    # check's subscription then crosses loopback ahead of the first batch: a PUB socket acknowledges no subscription, so
+    # that one step is ordering, not an event.
     proc = subprocess.Popen([ENGINE_PYTHON, BURST, "--endpoint", ep, "--replay-endpoint", "tcp://*:%d" % rep_port, "--batches", "20000",
-                             "--hwm", "20", "--buffer-steps", "20000", "--linger", "420"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT)
+                             "--hwm", "20", "--buffer-steps", "20000", "--linger", "420", "--go-on-stdin"],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT)
+    thread = threading.Thread(target=run, daemon=True)
     try:
+        ready, _w, _x = select.select([proc.stdout], [], [], 900)
+        assert ready and b"ready" in proc.stdout.readline(), "vLLM's publisher did not start within 900 s"
+        thread.start()
+        deadline = time.monotonic() + 300
+        while not (checker.streams and all(s.connected for s in checker.streams)):
+            assert time.monotonic() < deadline and thread.is_alive() and proc.poll() is None, "vLLM's publisher never connected"
+            time.sleep(0.05)
+        proc.stdin.write(b"go\n")
+        proc.stdin.flush()
         thread.join(440)  # bounds of a loaded machine: a CI run at load 23 ran out of 240 s mid-replay
     finally:
         proc.kill()

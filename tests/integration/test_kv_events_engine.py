@@ -88,8 +88,17 @@ def _complete(index, errors, words=120, max_tokens=40):
         errors.append("%s: %s" % (index, exc))  # reported by the test
 
 
-def _burst(done, errors):
-    time.sleep(2.0)  # the check binds first; the engine connects to it
+def _burst(runner, done, errors):
+    # The check binds first; the engine connects to it (and retries until it can): start once the check saw the connection
+    # (a condition, bounded), not after a fixed delay. Its subscription then crosses loopback ahead of the first request's
+    # prefill: vLLM's PUB socket acknowledges no subscription, so that one step is ordering, not an event.
+    deadline = time.monotonic() + 300
+    while not (runner.streams and all(s.connected for s in runner.streams)):
+        if time.monotonic() > deadline:
+            errors.append("the engine never connected to the check's endpoint")
+            done.set()
+            return
+        time.sleep(0.05)
     _complete(0, errors, words=8, max_tokens=1)  # a small first batch: the check sees the stream from seq 0
     threads = []
     for index in range(1, 1 + REQUESTS):
@@ -137,7 +146,7 @@ def test_every_gap_and_the_tail_repaired_through_the_engine_replay(engine):  # p
     done, errors = threading.Event(), []
     runner = BurstCheck({"endpoint": KV_ENDPOINT, "socket_mode": "bind", "topic": TOPIC, "replay_endpoint": REPLAY_ENDPOINT,
                          "timeout": 900.0, "settle": 2.0, "expect": {"BlockStored": 1}, "engine": "auto"}, done)
-    bursts = threading.Thread(target=_burst, args=(done, errors), daemon=True)
+    bursts = threading.Thread(target=_burst, args=(runner, done, errors), daemon=True)
     bursts.start()
     facts = runner.run()
     bursts.join(10)

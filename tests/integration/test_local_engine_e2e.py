@@ -211,7 +211,7 @@ def _instance_vars(name, port):
             "-e", "local_engine_kv_events_topic=kv@127.0.0.1:%d@tiny" % port, "--tags", "local_engine"]
 
 
-def _gone(pid, wait=10.0):
+def _gone(pid, wait=60.0):
     """True once the process is gone or a zombie (the container's init may reap orphans late)."""
     deadline = time.monotonic() + wait
     while time.monotonic() < deadline:

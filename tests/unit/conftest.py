@@ -10,12 +10,29 @@ from __future__ import absolute_import, division, print_function
 __metaclass__ = type  # pylint: disable=invalid-name
 
 import itertools
+import os
 import threading
 
 import pytest
 import zmq
 
 _COUNTER = itertools.count()
+
+# ansible-test units loads its plugin ansible_pytest_collections in every pytest process, the xdist workers included; the
+# plugin reads ANSIBLE_COLLECTIONS_PATH once, at import, as the one folder that holds ansible_collections/. pytest-ansible
+# (installed beside it for molecule and the integration tests) rewrites that variable in pytest_configure, where it finds
+# galaxy.yml, to its own ./collections tree and ~/.ansible/collections. The workers start after configure and inherit the
+# rewritten value, so ansible-test's plugin there places no file of this collection, no worker starts, and ansible-test
+# reports "no tests ran" with exit 0. This conftest loads before pytest_configure (it is an initial conftest), keeps
+# ansible-test's value, and gives it back after every other pytest_configure, before xdist starts the workers.
+_ANSIBLE_TEST_COLLECTIONS_PATH = (os.environ.get("ANSIBLE_COLLECTIONS_PATH")
+                                  if "ansible_pytest_collections" in os.environ.get("PYTEST_PLUGINS", "") else None)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_configure(config):  # pylint: disable=unused-argument
+    if _ANSIBLE_TEST_COLLECTIONS_PATH is not None:
+        os.environ["ANSIBLE_COLLECTIONS_PATH"] = _ANSIBLE_TEST_COLLECTIONS_PATH
 
 
 @pytest.fixture
@@ -67,8 +84,9 @@ def publisher(zctx):
                                        replay_topic=replay_topic, rank=rank, hash_kind=hash_kind, ctx=zctx)
         run_kwargs.setdefault("count", 6)
         run_kwargs.setdefault("interval", 0.02)
-        run_kwargs.setdefault("wait_subscriber", 5.0)
-        run_kwargs.setdefault("linger", 5.0)
+        # Bounds, not delays: the publisher starts once a subscription arrived, and serves replay until the test is done.
+        run_kwargs.setdefault("wait_subscriber", 60.0)
+        run_kwargs.setdefault("linger", 60.0)
         return PublisherThread(pub, run_kwargs)
 
     return make

@@ -27,6 +27,12 @@ __metaclass__ = type  # pylint: disable=invalid-name
 
 ROUTER_VERSION = "v0.9.0"
 ROUTER_VERSIONS = (ROUTER_VERSION,)
+# The routers the collection deploys (router_impl) and the version of each it pins: the llm-d router (its EPP reads
+# KV events) and the Gateway API Inference Extension's own EPP (sigs.k8s.io/gateway-api-inference-extension cmd/epp,
+# the base llm-d's extends; approximate prefix-cache scoring only, no KV events).
+GIE_VERSION = "v1.4.0"
+ROUTER_IMPLS = {"llm-d": ROUTER_VERSION, "gie": GIE_VERSION}
+DEFAULT_ROUTER_IMPL = "llm-d"
 TOPIC_PREFIX = "kv"
 WILDCARDS = ("*", "::")
 

@@ -5,22 +5,27 @@
 
 # PRIVATE to the inference_cache.substrate collection: the names here may change without notice.
 
-"""Static checks of an llm-d router EndpointPickerConfig: what one router version does with it, and the engines.
+"""Static checks of an EndpointPickerConfig: what one router (implementation and version) does with it, and the engines.
 
 Plain Python without any Ansible import: the ``epp_config_check`` module, the router role (through that module)
-and the tests all use :func:`check_epp_config`.
+and the tests all use :func:`check_epp_config` (or :func:`check_epp_text` for YAML text).
 
-The shapes (plugin types, each type's parameter fields, their JSON types) come from the per-version table in
-:mod:`.plugins` and are checked declaratively by :mod:`.schema`; this file holds what relates one part of the config
-to another (plugin references, the precise producer and its token producer, data-layer wiring) and to the engines.
+Two router implementations (``router_impl``, ``common/wiring.ROUTER_IMPLS``): ``llm-d`` (the llm-d router's EPP) and
+``gie`` (the Gateway API Inference Extension's own EPP, which llm-d's extends). The shapes (plugin types, each type's
+parameter fields, their JSON types) come from each implementation's per-version tables, :mod:`.plugins` and
+:mod:`.gie` (:data:`IMPLS`), and are checked declaratively by :mod:`.schema`; this file holds what relates one part of
+the config to another (plugin references, the precise producer and its token producer, data-layer wiring) and to the
+engines.
 
-The checks are data: :data:`RULES` is a table of rules, each naming what it looks at (a kind of subject: the top
+The checks are data: :data:`ALL_RULES` is a table of rules, each naming what it looks at (a kind of subject: the top
 level, a declared plugin, a scheduling-profile entry, a precise producer, ...), the condition under which it fires,
 the kind of its finding and its sentence (a ``str.format`` template over the subject's fields, ``version`` always
-given), and the upstream code it was read at where known. A rule whose kind and sentence are facts the router version
-was measured to have names its entry of ``plugins.BEHAVIOUR`` instead. :class:`_Config` walks a config and yields the
-subjects in the order the EPP meets them; :func:`_evaluate` applies every rule to each subject. Adding a check is
-adding one entry to :data:`RULES` (and, for a new kind of subject, one ``yield`` in the walk).
+given), the upstream code it was read at where known, and the implementations it applies to (:data:`RULES` holds the
+llm-d ones, :data:`GIE_RULES` the GIE ones, each with its GIE citation). A rule whose kind and sentence are facts the
+router version was measured to have names its entry of the implementation's ``BEHAVIOUR`` instead. :class:`_Config`
+walks a config and yields the subjects in the order the EPP meets them; :func:`_evaluate` applies every rule of the
+implementation to each subject. Adding a check is adding one entry to :data:`ALL_RULES` (and, for a new kind of
+subject, one ``yield`` in the walk).
 
 Every finding is one sentence that names the plugin or field path at fault, with its kind: refused (the EPP does not
 start), broken (it starts, then crashes or never does what the config asks) or a warning. No input, however malformed,
@@ -34,11 +39,32 @@ __metaclass__ = type  # pylint: disable=invalid-name
 import copy
 import re
 
+try:
+    import yaml
+except ImportError:  # pragma: no cover - check_epp_text needs it; check_epp_config does not
+    yaml = None
+
+from . import gie
 from .plugins import (
     BEHAVIOUR, BROKEN, CONFIG_SCHEMA, DEFAULT_CONFIG, DEFAULT_ROUTER_VERSION, FEATURE_GATES, INPUT, PLUGINS, REFUSED,
     REMOVED_OR_LATER, ROUTER_SOURCE, ROUTER_VERSIONS, SEMANTICS, WARNING)
 from .schema import show, type_name, validate
 from ..common import wiring
+
+LLM_D, GIE = "llm-d", "gie"
+DEFAULT_ROUTER_IMPL = wiring.DEFAULT_ROUTER_IMPL
+# Per implementation: how sentences name it, its tables (each keyed by version), the versions encoded, its data-layer
+# field, and what a sentence adds about a top-level field of the other implementation's config.
+IMPLS = {
+    LLM_D: {"name": "llm-d-router", "versions": ROUTER_VERSIONS, "plugins": PLUGINS, "schema": CONFIG_SCHEMA,
+            "gates": FEATURE_GATES, "removed": REMOVED_OR_LATER, "behaviour": BEHAVIOUR, "default_config": DEFAULT_CONFIG,
+            "data_key": "dataLayer", "source_word": "dataLayer source",
+            "top_level_notes": {"data": "GIE's name for what llm-d-router calls dataLayer"}},
+    GIE: {"name": gie.NAME, "versions": gie.GIE_VERSIONS, "plugins": gie.PLUGINS, "schema": gie.CONFIG_SCHEMA,
+          "gates": gie.FEATURE_GATES, "removed": gie.REMOVED_OR_LATER, "behaviour": gie.BEHAVIOUR,
+          "default_config": gie.DEFAULT_CONFIG, "data_key": "data", "source_word": "data.sources entry",
+          "top_level_notes": gie.TOP_LEVEL_NOTES},
+}
 
 API_VERSION = "llm-d.ai/v1alpha1"
 DEPRECATED_API_VERSIONS = ("inference.networking.x-k8s.io/v1alpha1",)
@@ -93,12 +119,15 @@ class EppConfigResult(object):
     ``broken`` (it starts, then crashes or never does what the config asks), ``warning`` (deprecations included) and
     ``input`` (the check's own arguments are wrong). ``problems`` holds the refused, broken and input sentences.
     ``epp_starts`` is whether the EPP starts with the config: no refused finding (``None`` when the config could not
-    be checked against a router version). ``rules`` names the rule of :data:`RULES` behind each finding, in the same
-    order (None for the checks of the arguments); it is not part of :meth:`as_dict`.
+    be checked against a router version). ``rules`` names the rule of :data:`ALL_RULES` behind each finding, in the same
+    order (None for the checks of the arguments); it is not part of :meth:`as_dict`. ``decoded`` is False when the
+    text could not be decoded at all (then its one finding says so).
     """
 
-    def __init__(self, router_version=DEFAULT_ROUTER_VERSION):
+    def __init__(self, router_version=DEFAULT_ROUTER_VERSION, router_impl=DEFAULT_ROUTER_IMPL):
         self.router_version = router_version
+        self.router_impl = router_impl
+        self.decoded = True
         self.problems = []
         self.deprecations = []
         self.warnings = []
@@ -144,7 +173,7 @@ class EppConfigResult(object):
     def as_dict(self):
         return {"ok": self.ok, "problems": list(self.problems), "deprecations": list(self.deprecations),
                 "warnings": list(self.warnings), "summary": dict(self.summary), "router_version": self.router_version,
-                "epp_starts": self.epp_starts, "findings": [dict(finding) for finding in self.findings]}
+                "router_impl": self.router_impl, "epp_starts": self.epp_starts, "findings": [dict(finding) for finding in self.findings]}
 
 
 def _is_mapping(value):
@@ -213,22 +242,27 @@ class Rule(object):
     walk yields for ``looks_at``); ``says`` is a ``str.format`` template over the subject's fields, ``version`` and what
     ``fields(config, subject)`` adds. A rule with ``behaviour`` takes kind, sentence and source from that entry of
     ``plugins.BEHAVIOUR[version]``. ``final``: once it fires, no later rule looks at the same subject (the EPP stops
-    there too). ``deprecation``: a warning filed as a deprecation.
+    there too). ``deprecation``: a warning filed as a deprecation. ``halt``: once it fires, the walk stops (the EPP
+    cannot even decode the config, and what follows would only be noise). ``impls``: the implementations the rule
+    applies to; ``source`` is the llm-d citation and ``gie`` the GIE one (a rule applies to GIE only with one).
     """
 
-    __slots__ = ("name", "looks_at", "kind", "says", "when", "source", "fields", "final", "deprecation", "behaviour")
+    __slots__ = ("name", "looks_at", "kind", "says", "when", "source", "fields", "final", "deprecation", "behaviour", "gie",
+                 "impls", "halt")
 
     def __init__(self, name, looks_at, kind, says, when, source=None, fields=None, final=False, deprecation=False,
-                 behaviour=None):
+                 behaviour=None, gie=None, impls=None, halt=False):
         self.name, self.looks_at, self.kind, self.says, self.when = name, looks_at, kind, says, when
         self.source, self.fields, self.final, self.deprecation, self.behaviour = source, fields, final, deprecation, behaviour
+        self.gie, self.halt = gie, halt
+        self.impls = impls or ((LLM_D, GIE) if gie else (LLM_D,))
 
     def finding(self, config, subject):
         """``(kind, sentence)`` of this rule's finding on ``subject``."""
         kind, says = self.kind, self.says
         if self.behaviour:
-            kind, says, _source = BEHAVIOUR[config.version][self.behaviour]
-        fields = dict(vars(subject), version=config.version)
+            kind, says, _source = config.behaviour[self.behaviour]
+        fields = dict(vars(subject), version=config.version, router=config.router, source_word=config.source_word)
         fields.update(self.fields(config, subject) if self.fields else {})
         return kind, says.format(**fields)
 
@@ -237,63 +271,93 @@ def _rule(name, looks_at, kind, says, when, **options):
     return Rule(name, looks_at, kind, says, when, **options)
 
 
+def _gie(name, looks_at, kind, says, when, source, **options):
+    """A rule of GIE only; ``source`` is its GIE citation."""
+    return Rule(name, looks_at, kind, says, when, gie=source, impls=(GIE,), **options)
+
+
 def _behaviour(name, looks_at, when, **options):
-    """A rule whose kind, sentence and source are ``BEHAVIOUR[version][name]``."""
-    return Rule(name, looks_at, None, None, when, behaviour=name, **options)
+    """A rule whose kind, sentence and source are the implementation's ``BEHAVIOUR[version][name]``: it applies to the
+    implementations whose pinned version has that entry."""
+    impls = tuple(impl for impl in (LLM_D, GIE) if name in IMPLS[impl]["behaviour"][wiring.ROUTER_IMPLS[impl]])
+    source = IMPLS[GIE]["behaviour"][gie.GIE_VERSION].get(name, (None, None, None))[2]
+    return Rule(name, looks_at, None, None, when, behaviour=name, impls=impls, gie=source, **options)
 
 
 _R = ROUTER_SOURCE
+_G = gie.GIE_SOURCE
+_G_LOADER = _G + "pkg/epp/config/loader/configloader.go"
+_G_DEFAULTS = _G + "pkg/epp/config/loader/defaults.go"
+_G_VALIDATION = _G + "pkg/epp/config/loader/validation.go"
+_G_PREFIX = _G + "pkg/epp/framework/plugins/scheduling/scorer/prefix/plugin.go"
 _SEMANTICS = SEMANTICS[DEFAULT_ROUTER_VERSION]
 UNDECLARED = "{where} references plugin {plugin}, which is not declared in plugins."
 NOT_DECLARED_BY = "{reader} {verb} {field} {ref}, which is not declared in plugins."
 
-RULES = (
+ALL_RULES = (
     # -- the top level as the strict decoder reads it (a schema finding of CONFIG_SCHEMA) ------------------------------
+    # GIE: apiVersion llm-d.ai/v1alpha1 is the first thing its decoder refuses; nothing else of such a config is read.
+    _gie("gie-llm-d-api-version", "header", REFUSED,
+         "apiVersion {api_version} is llm-d-router's; GIE {version} registers EndpointPickerConfig only under {gie_api}, so "
+         "it cannot decode this config and does not start (check it with router_impl llm-d).",
+         lambda c, s: s.api_version == API_VERSION, gie.REGISTER, halt=True),
     _rule("top-level-unknown-field", "top-level field", REFUSED,
-          "{where} is not a field of llm-d-router {version}'s EndpointPickerConfig; the EPP decodes the config strictly "
-          "and does not start.", lambda c, s: s.finding == "unknown", final=True),
+          "{where} is not a field of {router} {version}'s EndpointPickerConfig{note}; the EPP decodes the config strictly "
+          "and does not start.", lambda c, s: s.finding == "unknown", final=True,
+          fields=lambda c, s: {"note": " (%s)" % c.top_level_notes[s.path] if s.path in c.top_level_notes else ""},
+          gie=_G_LOADER),
     _rule("top-level-deprecated-field", "top-level field", WARNING, "{where} {message}.",
           lambda c, s: s.finding == "deprecated", final=True, deprecation=True),
-    _rule("top-level-field", "top-level field", REFUSED, "{where} {message}.", lambda c, s: True, final=True),
+    _rule("top-level-field", "top-level field", REFUSED, "{where} {message}.", lambda c, s: True, final=True, gie=_G_LOADER),
     # -- apiVersion, kind, feature gates -------------------------------------------------------------------------------
     _rule("deprecated-api-version", "header", WARNING, "apiVersion {api_version} is deprecated; use {api}.",
           lambda c, s: s.api_version in DEPRECATED_API_VERSIONS, deprecation=True),
     _rule("api-version", "header", REFUSED, "apiVersion is {api_version_shown} but the router accepts {api}.",
           lambda c, s: s.api_version not in DEPRECATED_API_VERSIONS and s.api_version != API_VERSION),
     _rule("kind", "header", REFUSED, "kind is {kind_shown} but must be {wanted_kind}.", lambda c, s: s.kind != KIND),
+    # GIE: the decoder defaults an absent (or empty) apiVersion and kind to the only ones registered (run: it starts).
+    _gie("gie-api-version", "header", REFUSED,
+         "apiVersion is {api_version_shown} but GIE {version} registers EndpointPickerConfig only under {gie_api}, so it "
+         "cannot decode the config and does not start.", lambda c, s: s.api_version not in (None, "", gie.API_VERSION), gie.REGISTER),
+    _gie("gie-kind", "header", REFUSED, "kind is {kind_shown} but must be {wanted_kind}; GIE {version} does not start.",
+         lambda c, s: s.kind not in (None, "", KIND), gie.REGISTER),
     _rule("unknown-feature-gate", "feature gate", REFUSED,
-          "Feature gate {gate} is not registered in llm-d-router {version} (known: {known}); the EPP does not start.",
-          lambda c, s: isinstance(s.gate, str) and s.gate not in FEATURE_GATES[c.version], source=_R + "cmd/epp/runner/runner.go"),
+          "Feature gate {gate} is not registered in {router} {version} (known: {known}); the EPP does not start.",
+          lambda c, s: isinstance(s.gate, str) and s.gate not in c.gates, source=_R + "cmd/epp/runner/runner.go",
+          gie=_G_VALIDATION),
     # -- the declared plugins ------------------------------------------------------------------------------------------
-    _rule("no-plugins", "plugin list", REFUSED, "plugins must be a non-empty list.",
-          lambda c, s: not isinstance(s.plugins, list) or not s.plugins),
-    _rule("plugin-without-type", "plugin", REFUSED, "plugins[{index}] has no type.", lambda c, s: not s.typed, final=True),
+    _behaviour("no-plugins", "plugin list", lambda c, s: s.plugins is None or s.plugins == []),
+    _rule("plugin-without-type", "plugin", REFUSED, "plugins[{index}] has no type.", lambda c, s: not s.typed, final=True,
+          gie=_G_LOADER),
     _rule("duplicate-plugin-name", "plugin", REFUSED, "Plugin name {name_text} is declared twice; give one of them another name.",
-          lambda c, s: s.duplicate, final=True),
+          lambda c, s: s.duplicate, final=True, gie=_G_LOADER),
     _rule("unregistered-plugin-type", "plugin", REFUSED,
-          "Plugin type {ptype_text} is not registered in llm-d-router {version}{why}, so the EPP does not start{hint}.",
-          lambda c, s: s.spec is None, source=_R + "cmd/epp/runner/runner.go", final=True),
+          "Plugin type {ptype_text} is not registered in {router} {version}{why}, so the EPP does not start{hint}.",
+          lambda c, s: s.spec is None, source=_R + "cmd/epp/runner/runner.go", final=True, gie=gie.RUNNER),
     _rule("deprecated-plugin-type", "plugin", WARNING, "Plugin type {ptype} is deprecated; use {replacement}.",
           lambda c, s: s.spec["deprecated"], deprecation=True),
     _rule("ignored-parameters", "plugin", WARNING,
-          "{label} takes no parameters in llm-d-router {version}; the EPP ignores the ones given.",
-          lambda c, s: s.spec["params"] is None and s.params not in (None, {}, [])),
+          "{label} takes no parameters in {router} {version}; the EPP ignores the ones given.",
+          lambda c, s: s.spec["params"] is None and s.params not in (None, {}, []),
+          gie=_G + "pkg/epp/framework/plugins/scheduling/scorer/queue.go"),
     _rule("missing-parameters", "plugin", REFUSED, "{label} needs parameters; its factory fails without them.",
-          lambda c, s: s.spec["params"] is not None and s.params is None and s.spec["requires_params"]),
+          lambda c, s: s.spec["params"] is not None and s.params is None and s.spec["requires_params"], gie=_G_LOADER),
     _rule("parameters-not-a-mapping", "plugin", REFUSED,
           "{label} has parameters that are {params_type}, not a mapping; the EPP cannot decode them.",
-          lambda c, s: s.spec["params"] is not None and s.params is not None and not _is_mapping(s.params)),
+          lambda c, s: s.spec["params"] is not None and s.params is not None and not _is_mapping(s.params), gie=_G_LOADER),
     _rule("flat-parameters", "plugin", WARNING, "{label} uses the deprecated flat parameters; use profiles and deciders.",
           lambda c, s: s.legacy, deprecation=True),
+    _behaviour("prefix-block-size", "plugin", lambda c, s: s.ptype == gie.PREFIX_SCORER and _gie_block_size_only(s.params)),
     # -- one field of a plugin's parameters (a schema finding of its PLUGINS entry); the first that fits says it -------
     _rule("unknown-parameter", "parameter", REFUSED,
           "{where} is not a field of {ptype} in llm-d-router {version}; the EPP decodes parameters strictly "
           "(DisallowUnknownFields), so the plugin fails and the EPP does not start.",
           lambda c, s: s.finding == "unknown", final=True),
+    _behaviour("ignored-parameter", "parameter", lambda c, s: s.finding == "unknown", final=True),
     _rule("deprecated-parameter", "parameter", WARNING, "{where} {message}.", lambda c, s: s.finding == "deprecated",
-          final=True, deprecation=True),
+          final=True, deprecation=True, gie=_G_PREFIX),
     _rule("parameter-case", "parameter", WARNING, "{where} {message}; write it that way.", lambda c, s: s.finding == "case",
-          final=True),
+          final=True, gie=_G_PREFIX),
     _behaviour("socket-port-range", "parameter", lambda c, s: s.finding == "range" and s.path == SOCKET_PORT_PATH,
                fields=lambda c, s: {"plugin": s.label, "value": show(c.pod_discovery_port(s.name))}, final=True),
     _behaviour("speculative-ttl-invalid", "parameter",
@@ -301,45 +365,61 @@ RULES = (
                fields=lambda c, s: {"plugin": s.label, "value": show(_param(c.params_of(s.name), "speculativeTTL"))}, final=True),
     _behaviour("speculative-ttl-unused", "parameter", lambda c, s: _speculative_ttl(s),
                fields=lambda c, s: {"plugin": s.label, "value": show(_param(c.params_of(s.name), "speculativeTTL"))}, final=True),
-    _rule("parameter", "parameter", REFUSED, "{where} {message}.", lambda c, s: True, final=True),
+    _rule("parameter", "parameter", REFUSED, "{where} {message}.", lambda c, s: True, final=True, gie=_G_LOADER),
     # -- scheduling profiles -------------------------------------------------------------------------------------------
+    # Run with the real EPPs (llm-d-router v0.9.0, GIE v1.4.0): they start. With no plugin either, no-plugins says it.
     _rule("no-scheduling-profiles", "profile list", WARNING,
           "schedulingProfiles is empty: the EPP builds one profile, default, of every filter, scorer and picker declared "
           "(scorers at weight 1), adds a max-score-picker if none is declared and a single-profile-handler if no handler is; "
           "name the profile to choose its scorers and weights.",
-          lambda c, s: not s.profiles, source=_R + "pkg/epp/config/loader/defaults.go"),  # run with the real EPP v0.9.0: it starts
+          lambda c, s: not s.profiles and c.order, source=_R + "pkg/epp/config/loader/defaults.go", gie=_G_DEFAULTS),
     _rule("profile-not-a-mapping", "profile", REFUSED, "schedulingProfiles[{index}] is {value_type}, not a mapping.",
-          lambda c, s: not s.mapping, final=True),
-    _rule("profile-without-name", "profile", REFUSED, "schedulingProfiles[{index}] has no name.", lambda c, s: not s.named),
-    _rule("duplicate-profile", "profile", REFUSED, "Scheduling profile {profile} is declared twice.", lambda c, s: s.duplicate),
+          lambda c, s: not s.mapping, final=True, gie=_G_LOADER),
+    _rule("profile-without-name", "profile", REFUSED, "schedulingProfiles[{index}] has no name.", lambda c, s: not s.named,
+          gie=_G_VALIDATION),
+    _rule("duplicate-profile", "profile", REFUSED, "Scheduling profile {profile} is declared twice.", lambda c, s: s.duplicate,
+          gie=_G_VALIDATION),
     _rule("profile-entry-without-ref", "profile entry", REFUSED, "Scheduling profile {profile} has an entry without pluginRef.",
-          lambda c, s: not s.has_ref, final=True),
-    _rule("undeclared-profile-plugin", "profile entry", REFUSED, UNDECLARED, lambda c, s: not c.declared(s.ref)),
+          lambda c, s: not s.has_ref, final=True, gie=_G_VALIDATION),
+    _rule("undeclared-profile-plugin", "profile entry", REFUSED, UNDECLARED, lambda c, s: not c.declared(s.ref), gie=_G_VALIDATION),
     _rule("weight-not-a-number", "profile entry", REFUSED, "Scheduling profile {profile} gives {ref} the weight {weight_shown}; "
-          "weights are numbers.", lambda c, s: s.weight is not None and not _is_number(s.weight)),
+          "weights are numbers.", lambda c, s: s.weight is not None and not _is_number(s.weight), gie=_G_LOADER),
     _behaviour("negative-weight", "profile entry", lambda c, s: _is_number(s.weight) and s.weight < 0,
                fields=lambda c, s: {"weight": s.weight_shown}),
     _rule("several-pickers", "profile pickers", REFUSED,
-          "Scheduling profile {profile} references {count} pickers ({pickers}); the EPP allows one.", lambda c, s: s.count > 1),
+          "Scheduling profile {profile} references {count} pickers ({pickers}); the EPP allows one.", lambda c, s: s.count > 1,
+          gie=gie.SCHEDULER_PROFILE),
     _rule("several-profile-handlers", "profile handlers", REFUSED,
-          "Several profile handlers are declared ({handlers}); the EPP allows one.", lambda c, s: len(s.names) > 1),
+          "Several profile handlers are declared ({handlers}); the EPP allows one.", lambda c, s: len(s.names) > 1, gie=_G_LOADER),
     _rule("no-profile-handler", "profile handlers", REFUSED,
-          "Several scheduling profiles are declared but no profile handler plugin is.", lambda c, s: s.profiles > 1 and not s.names),
+          "Several scheduling profiles are declared but no profile handler plugin is.", lambda c, s: s.profiles > 1 and not s.names,
+          gie=_G_LOADER),
     _rule("single-handler-several-profiles", "profile handlers", REFUSED,
           "single-profile-handler cannot serve several scheduling profiles; use disagg-profile-handler.",
           lambda c, s: s.profiles > 1 and "single-profile-handler" in [c.type_of(name) for name in s.names]),
+    _gie("gie-single-handler-several-profiles", "profile handlers", REFUSED,
+         "single-profile-handler cannot serve several scheduling profiles, and GIE {version} registers no other profile "
+         "handler; declare one profile.",
+         lambda c, s: s.profiles > 1 and "single-profile-handler" in [c.type_of(name) for name in s.names], _G_LOADER),
     # -- the data layer ------------------------------------------------------------------------------------------------
-    _rule("source-without-ref", "data source", REFUSED, "A dataLayer source has no pluginRef.", lambda c, s: not s.has_ref,
-          final=True),
-    _rule("undeclared-source", "data source", REFUSED, UNDECLARED, lambda c, s: not c.declared(s.ref)),
-    _rule("not-a-data-source", "data source", REFUSED, "dataLayer source {ref} is a {ref_type}, not a data source.",
-          lambda c, s: c.declared(s.ref) and "data-source" not in c.roles(s.ref)),
-    _rule("extractor-without-ref", "extractor", REFUSED, "dataLayer source {source} has an extractor without pluginRef.",
-          lambda c, s: not s.has_ref, final=True),
-    _rule("undeclared-extractor", "extractor", REFUSED, UNDECLARED, lambda c, s: not c.declared(s.ref)),
+    _rule("source-without-ref", "data source", REFUSED, "A {source_word} has no pluginRef.", lambda c, s: not s.has_ref,
+          final=True, gie=_G_LOADER),
+    _rule("undeclared-source", "data source", REFUSED, UNDECLARED, lambda c, s: not c.declared(s.ref), gie=_G_LOADER),
+    _rule("not-a-data-source", "data source", REFUSED, "{source_word} {ref} is a {ref_type}, not a data source.",
+          lambda c, s: c.declared(s.ref) and "data-source" not in c.roles(s.ref), gie=_G_LOADER),
+    _rule("extractor-without-ref", "extractor", REFUSED, "{source_word} {source} has an extractor without pluginRef.",
+          lambda c, s: not s.has_ref, final=True, gie=_G_LOADER),
+    _rule("undeclared-extractor", "extractor", REFUSED, UNDECLARED, lambda c, s: not c.declared(s.ref), gie=_G_LOADER),
+    _gie("gie-not-an-extractor", "extractor", REFUSED,
+         "{source_word} {source} lists extractor {ref}, which is a {ref_type}, not an extractor.",
+         lambda c, s: c.declared(s.ref) and "extractor" not in c.roles(s.ref), _G_LOADER),
     _rule("undeclared-discovery", "discovery", REFUSED, UNDECLARED, lambda c, s: s.has_ref and not c.declared(s.ref)),
     _rule("not-a-discovery-plugin", "discovery", REFUSED, "dataLayer discovery {ref} is a {ref_type}, not a discovery plugin.",
           lambda c, s: s.has_ref and c.declared(s.ref) and "discovery" not in c.roles(s.ref)),
+    _behaviour("data-layer-without-sources", "data layer", lambda c, s: s.gated and not s.sources),
+    _behaviour("metrics-extractor-ungated", "data layer", lambda c, s: not s.gated and s.metrics_extractors,
+               fields=lambda c, s: {"source": s.metrics_extractors[0][0], "extractor": s.metrics_extractors[0][1]}),
+    _behaviour("flow-control-ungated", "data layer", lambda c, s: not s.flow_gated and _is_mapping(c.config.get("flowControl"))),
     # -- request handling: parsers, saturation detectors, flow-control policies ---------------------------------------
     _rule("not-a-parser", "parser", REFUSED, "Parser {ref} is a {ref_type}, not a parser plugin.",
           lambda c, s: c.declared(s.ref) and "parser" not in c.roles(s.ref)),
@@ -353,7 +433,7 @@ RULES = (
           lambda c, s: c.declared(s.ref) and "saturation-detector" not in c.roles(s.ref)),
     _rule("undeclared-flow-control-policy", "flow-control policy", REFUSED, UNDECLARED,
           lambda c, s: s.gated and s.ref not in AUTO_FLOW_CONTROL and not c.declared(s.ref),
-          source=_R + "pkg/epp/config/loader/defaults.go"),
+          source=_R + "pkg/epp/config/loader/defaults.go", gie=gie.FLOW_REGISTRY),
     # -- parameters that name another plugin --------------------------------------------------------------------------
     _rule("undeclared-producer", "producer reference", REFUSED, NOT_DECLARED_BY, lambda c, s: not c.declared(s.ref), final=True),
     _rule("producer-of-another-kind", "producer reference", REFUSED, "{reader} reads {field} {ref}, which is a {ref_type}, not {what}.",
@@ -439,7 +519,13 @@ RULES = (
     _rule("approximate-without-load-aware", "mode", BROKEN,
           "Mode approximate needs a load-aware-scorer plugin, and none is declared.",
           lambda c, s: c.mode == "approximate" and "load-aware-scorer" not in c.types()),
+    # GIE's approximate mode is its prefix-cache-scorer (it keeps its own index of the prompts it routed).
+    _gie("gie-approximate-without-prefix-scorer", "mode", BROKEN,
+         "Mode approximate needs a prefix-cache-scorer with a weight above 0 in a scheduling profile, and no profile has one.",
+         lambda c, s: c.mode == "approximate" and not c.weighted_prefix_scorer(), _G_PREFIX),
 )
+RULES = tuple(rule for rule in ALL_RULES if LLM_D in rule.impls)
+GIE_RULES = tuple(rule for rule in ALL_RULES if GIE in rule.impls)
 
 
 def _rules_by_subject(rules):
@@ -450,17 +536,20 @@ def _rules_by_subject(rules):
 
 
 RULES_BY_SUBJECT = _rules_by_subject(RULES)
+RULES_BY_IMPL = {LLM_D: RULES_BY_SUBJECT, GIE: _rules_by_subject(GIE_RULES)}
 
 
 def _evaluate(config, rules_by_subject=None):
     """Apply the rules to every subject ``config.walk()`` yields, in order; record each finding in ``config.res``."""
-    rules_by_subject = RULES_BY_SUBJECT if rules_by_subject is None else rules_by_subject
+    rules_by_subject = RULES_BY_IMPL[config.impl] if rules_by_subject is None else rules_by_subject
     for looks_at, subject in config.walk():
         for rule in rules_by_subject.get(looks_at, ()):
             if not rule.when(config, subject):
                 continue
             kind, sentence = rule.finding(config, subject)
             config.res.add(kind, sentence, deprecation=rule.deprecation, rule=rule.name)
+            if rule.halt:
+                return config.res
             if rule.final:
                 break
     return config.res
@@ -480,14 +569,20 @@ def _named(value):
     return isinstance(value, str) and bool(value)
 
 
+def _gie_block_size_only(params):
+    """GIE's prefix-cache-scorer refuses blockSize (characters) set without blockSizeTokens (prefix/plugin.go New)."""
+    size, tokens = _param(params, "blockSize"), _param(params, "blockSizeTokens")
+    return _is_number(size) and size > 0 and not (_is_number(tokens) and tokens > 0)
+
+
 def _serious(findings):
     """Schema findings that make a parameter shape wrong (deprecations and case differences do not)."""
     return any(finding.kind not in ("deprecated", "case") for finding in findings)
 
 
-def _unregistered_note(version, ptype):
-    """``(why, hint)`` of the sentence for a plugin type the version does not register."""
-    why = REMOVED_OR_LATER.get(version, {}).get(ptype) if _named(ptype) else None
+def _unregistered_note(removed, ptype):
+    """``(why, hint)`` of the sentence for a plugin type the version does not register (``removed``: its notes)."""
+    why = removed.get(ptype) if _named(ptype) else None
     return (" (%s)" % why, "") if why else ("", "; check its spelling")
 
 
@@ -532,10 +627,17 @@ def _nested_raw(params, *path):
 class _Config(object):
     """One config as the EPP reads it (plugins by name, their roles, the engines' facts) and the walk over it."""
 
-    def __init__(self, config, engine, mode, version, res):
-        self.config, self.engine, self.mode, self.version, self.res = config, engine, mode, version, res
-        self.table = PLUGINS[version]
-        self.semantics = SEMANTICS[version]
+    def __init__(self, config, engine, mode, version, res, impl=LLM_D):
+        self.config, self.engine, self.mode, self.version, self.res, self.impl = config, engine, mode, version, res, impl
+        tables = IMPLS[impl]
+        self.table = tables["plugins"][version]
+        self.schema = tables["schema"][version]
+        self.gates = tables["gates"][version]
+        self.removed = tables["removed"].get(version, {})
+        self.behaviour = tables["behaviour"][version]
+        self.router, self.data_key, self.top_level_notes = tables["name"], tables["data_key"], tables["top_level_notes"]
+        self.source_word = tables["source_word"]
+        self.semantics = SEMANTICS.get(version, {}) if impl == LLM_D else {}
         self.by_name = {}      # name -> (type, parameters mapping, index)
         self.order = []        # names in declaration order
         self.duplicates = set()  # indexes of entries whose name an earlier entry has
@@ -583,6 +685,20 @@ class _Config(object):
         return [_param(self.params_of(name), "prefixMatchInfoProducerName") for name in self.order
                 if self.type_of(name) == PREFIX_SCORER]
 
+    def weighted_prefix_scorer(self):
+        """Whether a declared prefix-cache-scorer scores in a scheduling profile with a weight above 0 (without profiles
+        the EPP's profile default holds every declared scorer at weight 1; an absent weight is 1)."""
+        scorers = [name for name in self.order if self.type_of(name) == PREFIX_SCORER]
+        profiles = self.config.get("schedulingProfiles")
+        if not profiles:
+            return bool(scorers)
+        for profile in _list(profiles):
+            for entry in map(_mapping, _list(_mapping(profile).get("plugins"))):
+                weight = 1 if entry.get("weight") is None else entry.get("weight")
+                if entry.get("pluginRef") in scorers and _is_number(weight) and weight > 0:
+                    return True
+        return False
+
     def pod_discovery_port(self, name):
         kv_events = _mapping(_param(self.params_of(name), "kvEventsConfig"))
         return _param(_mapping(_param(kv_events, "podDiscoveryConfig")), "socketPort")
@@ -602,21 +718,29 @@ class _Config(object):
     # -- the walk ----------------------------------------------------------------------------------------------------
     def walk(self):
         """``(looks_at, subject)`` for everything a rule looks at, in the order the checks report it."""
-        for part in (self._top_level, self._plugins, self._profiles, self._data_layer, self._request_handling,
-                     self._references, self._precise_producers, self._token_producers):
+        parts = (self._top_level, self._plugins, self._profiles, self._data_layer, self._request_handling)
+        if self.impl == LLM_D:
+            parts += (self._references, self._precise_producers, self._token_producers)
+        else:
+            parts += (self._gie_layers,)
+        for part in parts:
             yield from part()
         yield "mode", _Subject()
         self.res.summary["plugins"] = sorted(self.by_name)
 
     def _top_level(self):
-        for finding in validate(self.config, CONFIG_SCHEMA[self.version]):
-            where = "EndpointPickerConfig field %s" % finding.path if finding.path else "The EndpointPickerConfig"
-            yield "top-level field", _Subject(finding=finding.kind, where=where, message=finding.message)
         api_version, kind = self.config.get("apiVersion"), self.config.get("kind")
-        yield "header", _Subject(api_version=api_version, api_version_shown=show(api_version), api=API_VERSION, kind=kind,
-                                 kind_shown=show(kind), wanted_kind=KIND)
+        header = _Subject(api_version=api_version, api_version_shown=show(api_version), api=API_VERSION, kind=kind,
+                          kind_shown=show(kind), wanted_kind=KIND, gie_api=gie.API_VERSION)
+        if self.impl == GIE:
+            yield "header", header  # GIE's decoder refuses another apiVersion before it reads any field
+        for finding in validate(self.config, self.schema):
+            where = "EndpointPickerConfig field %s" % finding.path if finding.path else "The EndpointPickerConfig"
+            yield "top-level field", _Subject(finding=finding.kind, where=where, message=finding.message, path=finding.path)
+        if self.impl == LLM_D:
+            yield "header", header
         for gate in _list(self.config.get("featureGates")):
-            yield "feature gate", _Subject(gate=gate, known=", ".join(sorted(FEATURE_GATES[self.version])))
+            yield "feature gate", _Subject(gate=gate, known=", ".join(sorted(self.gates)))
 
     def _plugins(self):
         plugins = self.config.get("plugins")
@@ -636,7 +760,7 @@ class _Config(object):
         typed = _named(ptype)
         name = (plugin.get("name") if _named(plugin.get("name")) else ptype) if typed else None
         spec = self.table.get(ptype) if typed else None
-        why, hint = _unregistered_note(self.version, ptype)
+        why, hint = _unregistered_note(self.removed, ptype)
         return _Subject(index=index, typed=typed, duplicate=index in self.duplicates, name=name, name_text=_text(name),
                         ptype=ptype, ptype_text=_text(ptype), why=why, hint=hint, spec=spec, replacement=spec and spec["deprecated"],
                         params=plugin.get("parameters"), params_type=type_name(plugin.get("parameters")),
@@ -687,22 +811,32 @@ class _Config(object):
                         weight=weight, weight_shown=show(weight))
 
     def _data_layer(self):
-        data_layer = _mapping(self.config.get("dataLayer"))
+        data_layer = _mapping(self.config.get(self.data_key))
         for source in _list(data_layer.get("sources")):
             ref = source.get("pluginRef") if _is_mapping(source) else None
-            yield "data source", _Subject(has_ref=_named(ref), ref=ref, plugin=_text(ref), where="dataLayer source",
+            yield "data source", _Subject(has_ref=_named(ref), ref=ref, plugin=_text(ref), where=self.source_word,
                                           ref_type=self.type_of(ref))
             if not _named(ref):
                 continue
             for extractor in _list(source.get("extractors")):
                 extractor_ref = extractor.get("pluginRef") if _is_mapping(extractor) else None
                 yield "extractor", _Subject(source=ref, has_ref=_named(extractor_ref), ref=extractor_ref, plugin=_text(extractor_ref),
-                                            where="dataLayer source %s extractor" % ref)
+                                            where="%s %s extractor" % (self.source_word, ref), ref_type=self.type_of(extractor_ref))
                 if _named(extractor_ref) and self.declared(extractor_ref):
                     self.extracting.setdefault(extractor_ref, []).append(self.type_of(ref) or "")
         discovery = _mapping(data_layer.get("discovery")).get("pluginRef")
         yield "discovery", _Subject(has_ref=_named(discovery), ref=discovery, plugin=_text(discovery), where="dataLayer discovery",
                                     ref_type=self.type_of(discovery))
+
+    def _gie_layers(self):
+        """GIE's feature-gated layers: the data layer (data.sources and its metrics extractor) and flow control."""
+        gates = _list(self.config.get("featureGates"))
+        sources = _list(_mapping(self.config.get("data")).get("sources"))
+        extractors = [(_mapping(source).get("pluginRef"), _mapping(extractor).get("pluginRef")) for source in sources
+                      for extractor in _list(_mapping(source).get("extractors"))]
+        metrics = [(_text(src), _text(ref)) for src, ref in extractors if self.type_of(ref) == gie.METRICS_EXTRACTOR]
+        yield "data layer", _Subject(gated="dataLayer" in gates, sources=sources, metrics_extractors=metrics,
+                                     flow_gated="flowControl" in gates)
 
     def _request_handling(self):
         config = self.config
@@ -832,35 +966,80 @@ def _check_engine(engine, res):
     return clean
 
 
-def check_epp_config(config, engine=None, mode=None, router_version=None, raw_text=None):
-    """Check an EndpointPickerConfig (a dict) against what ``router_version`` (default: the pinned one) does with it.
+def _start(engine, mode, router_version, router_impl):
+    """``(result, engine, mode)`` with the check's own arguments checked; ``result.checked`` is False when there is no
+    router (implementation and version) to check against."""
+    impl = DEFAULT_ROUTER_IMPL if router_impl is None else router_impl
+    if not isinstance(impl, str) or impl not in IMPLS:
+        res = EppConfigResult(wiring.ROUTER_IMPLS[DEFAULT_ROUTER_IMPL], DEFAULT_ROUTER_IMPL)
+        res.checked = False
+        res.add(INPUT, "router_impl is %s but must be %s." % (show(impl), " or ".join(sorted(IMPLS))))
+        return res, None, None
+    versions = IMPLS[impl]["versions"]
+    version = router_version or wiring.ROUTER_IMPLS[impl]
+    if not isinstance(version, str) or version not in versions:
+        res = EppConfigResult(wiring.ROUTER_IMPLS[impl], impl)
+        res.checked = False
+        elsewhere = impl != DEFAULT_ROUTER_IMPL or any(version in IMPLS[other]["versions"] for other in IMPLS if other != impl)
+        res.add(INPUT, "router_version %s is not one this collection encodes%s (%s)." % (
+            show(version), " for router_impl %s" % impl if elsewhere else "", ", ".join(versions)))
+        return res, None, None
+    res = EppConfigResult(version, impl)
+    engine = _check_engine(engine, res)
+    if mode not in (None, "precise", "approximate"):
+        res.add(INPUT, "mode is %s but must be precise or approximate." % show(mode))
+        mode = None
+    if mode == "precise" and impl == GIE:
+        res.add(INPUT, gie.PRECISE_MODE[0].format(version=version))
+        mode = None
+    return res, engine, mode
+
+
+def check_epp_config(config, engine=None, mode=None, router_version=None, raw_text=None, router_impl=None):
+    """Check an EndpointPickerConfig (a dict) against what a router does with it: ``router_impl`` (``llm-d``, the default,
+    or ``gie``) at ``router_version`` (default: the version the collection pins for that implementation).
 
     ``engine`` keys (all optional, ENGINE_OPTIONS): ``block_size`` (int), ``hash_seed`` (str), ``topic`` (the engines'
     topic, placeholders allowed), ``kv_events_port`` (int), ``engine_type`` (``vllm``|``sglang``), ``kv_events_enabled``
     (bool), ``enable_scale_out`` (bool: whether vLLM runs with ``--enable-scale-out``, which serves the render
     endpoint the token producer calls). ``mode`` (optional): ``precise`` or ``approximate`` to also check that the
-    config implements that mode. ``raw_text`` (optional): the text the EPP would read, when known; an empty text
-    (zero bytes) is what the EPP replaces with its default configuration, which is then checked in place of
-    ``config``. Returns an :class:`EppConfigResult` whose ``epp_starts`` and ``findings`` say what the EPP does;
-    never raises on any input.
+    config implements that mode (GIE has no precise mode: an input finding). ``raw_text`` (optional): the text the EPP
+    would read, when known; an empty text (zero bytes) is what the EPP replaces with its default configuration, which
+    is then checked in place of ``config``. Returns an :class:`EppConfigResult` whose ``epp_starts`` and ``findings``
+    say what the EPP does; never raises on any input.
     """
-    version = router_version or DEFAULT_ROUTER_VERSION
-    if not isinstance(version, str) or version not in PLUGINS:
-        res = EppConfigResult(DEFAULT_ROUTER_VERSION)
-        res.checked = False
-        res.add(INPUT, "router_version %s is not one this collection encodes (%s)." % (show(version), ", ".join(ROUTER_VERSIONS)))
+    res, engine, mode = _start(engine, mode, router_version, router_impl)
+    if not res.checked:
         return res.finish()
-    res = EppConfigResult(version)
-    engine = _check_engine(engine, res)
-    if mode not in (None, "precise", "approximate"):
-        res.add(INPUT, "mode is %s but must be precise or approximate." % show(mode))
-        mode = None
+    version, impl = res.router_version, res.router_impl
     if isinstance(raw_text, str) and not raw_text:
-        # ROUTER_SOURCE + pkg/epp/config/loader/configloader.go LoadRawConfig: len(configBytes) == 0.
-        kind, template, _source = BEHAVIOUR[version]["empty-config"]
+        # LoadRawConfig (pkg/epp/config/loader/configloader.go, both routers): len(configBytes) == 0.
+        kind, template, _source = IMPLS[impl]["behaviour"][version]["empty-config"]
         res.add(kind, template.format(version=version))
-        config = copy.deepcopy(DEFAULT_CONFIG[version])
+        config = copy.deepcopy(IMPLS[impl]["default_config"][version])
     if not _is_mapping(config):
         res.add(REFUSED, "The EndpointPickerConfig is not a mapping (got %s)." % type(config).__name__)
         return res.finish()
-    return _evaluate(_Config(config, engine, mode, version, res)).finish()
+    return _evaluate(_Config(config, engine, mode, version, res, impl)).finish()
+
+
+def check_epp_text(text, engine=None, mode=None, router_version=None, router_impl=None):
+    """Check an EndpointPickerConfig given as the YAML text the EPP reads (a file, ``--config-text``); PyYAML needed.
+
+    Text that is not YAML is what the EPP cannot decode: the result has one refused finding saying so (``epp_starts``
+    False, ``decoded`` False). Otherwise as :func:`check_epp_config` with ``raw_text=text``.
+    """
+    if yaml is None:
+        raise ImportError("check_epp_text needs PyYAML")
+    try:
+        config = yaml.safe_load(text)
+    except (yaml.YAMLError, ValueError) as exc:
+        res, engine, mode = _start(engine, mode, router_version, router_impl)
+        if res.checked:
+            res.decoded = False
+            # decodeRawConfig (pkg/epp/config/loader/configloader.go, both routers): "failed to decode configuration
+            # JSON/YAML" (run with GIE v1.4.0).
+            res.add(REFUSED, "The EndpointPickerConfig is not valid YAML, so %s %s cannot decode it and does not start: %s." % (
+                IMPLS[res.router_impl]["name"], res.router_version, " ".join(str(exc).split()).rstrip(".")))
+        return res.finish()
+    return check_epp_config(config, engine=engine, mode=mode, router_version=router_version, raw_text=text, router_impl=router_impl)

@@ -16,6 +16,12 @@ pkg/epp/metadata/consts.go). The stream is then closed: the request never reache
 it would any request up to the pick (its scheduler runs, and plugins that record picks at routing time, the
 approximate producer and speculative indexing, record this one).
 
+A gateway may narrow the candidates to a subset of the pool's endpoints (``subset``): Envoy passes it in the request's
+metadata context, namespace ``envoy.lb.subset_hint``, key ``x-gateway-destination-endpoint-subset``, a list of
+``ip:port`` (kubernetes-sigs/gateway-api-inference-extension@v1.4.0:pkg/epp/metadata/consts.go,
+pkg/epp/requestcontrol/locator.go; the llm-d EPP inherits it), with every message of the stream as Envoy sends it. The
+EPP then picks among those only.
+
 TLS goes through Python's ``ssl`` (the options of the collection's HTTP client: ``validate_certs``, ``ca_path``,
 ``client_cert``, ``client_key``, ``server_name``) on a loopback relay that gRPC reaches in plain HTTP/2: the EPP's
 default certificate is self-signed with no name at all (llm-d-router@v0.9.0:internal/tls/tls.go), which gRPC's own
@@ -35,12 +41,13 @@ import uuid
 try:
     import grpc
     from envoy.config.core.v3 import base_pb2
+    from google.protobuf import struct_pb2
     from envoy.service.ext_proc.v3 import external_processor_pb2 as extproc_pb
     from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as extproc_grpc
     HAS_EXTPROC = True
     EXTPROC_IMPORT_ERROR = None
 except ImportError:  # pragma: no cover - exercised through the module's missing_required_lib path
-    grpc = base_pb2 = extproc_pb = extproc_grpc = None
+    grpc = base_pb2 = extproc_pb = extproc_grpc = struct_pb2 = None
     HAS_EXTPROC = False
     EXTPROC_IMPORT_ERROR = traceback.format_exc()
 
@@ -49,6 +56,8 @@ from ..common.pump import pump
 
 DESTINATION_HEADER = "x-gateway-destination-endpoint"
 LB_NAMESPACE = "envoy.lb"
+SUBSET_NAMESPACE = "envoy.lb.subset_hint"
+SUBSET_KEY = "x-gateway-destination-endpoint-subset"
 DEFAULT_PORT = 9002
 
 
@@ -132,11 +141,18 @@ def split_target(target):
     return host, int(port)
 
 
-def _requests(headers, body):
+def _requests(headers, body, subset=None):
     items = [base_pb2.HeaderValue(key=k, raw_value=v.encode("utf-8")) for k, v in headers]
+    metadata = None
+    if subset is not None:
+        hint = struct_pb2.Struct()
+        hint.update({SUBSET_KEY: list(subset)})
+        metadata = base_pb2.Metadata(filter_metadata={SUBSET_NAMESPACE: hint})
     yield extproc_pb.ProcessingRequest(
-        request_headers=extproc_pb.HttpHeaders(headers=base_pb2.HeaderMap(headers=items), end_of_stream=False))
-    yield extproc_pb.ProcessingRequest(request_body=extproc_pb.HttpBody(body=body, end_of_stream=True))
+        request_headers=extproc_pb.HttpHeaders(headers=base_pb2.HeaderMap(headers=items), end_of_stream=False), metadata_context=metadata)
+    # Envoy forwards the metadata context with every message; the EPP keeps the last one's (GIE v1.4.0
+    # pkg/epp/handlers/server.go sets reqCtx.Request.Metadata on each message) and schedules at the end of the body.
+    yield extproc_pb.ProcessingRequest(request_body=extproc_pb.HttpBody(body=body, end_of_stream=True), metadata_context=metadata)
 
 
 def _answer(response):
@@ -178,8 +194,9 @@ def _grpc_sentence(exc, where, timeout, tls):
 
 
 def ask_pick(target, body, headers=None, path="/v1/completions", timeout=10.0, tls=False, validate_certs=True, ca_path=None,
-             client_cert=None, client_key=None, server_name=None):
-    """Ask the EPP at ``target`` (host:port) where it routes a POST of ``body`` (bytes) to ``path``.
+             client_cert=None, client_key=None, server_name=None, subset=None):
+    """Ask the EPP at ``target`` (host:port) where it routes a POST of ``body`` (bytes) to ``path``; ``subset``, a list
+    of ``ip:port``, narrows the candidates as a gateway's subset hint does.
 
     Returns ``{"picked": "ip:port", "endpoints": [...], "metadata_endpoints": [...], "request_id": ...}``; raises
     ``CheckError`` with one sentence when the EPP cannot be asked, answers the request itself, or names no endpoint.
@@ -207,7 +224,7 @@ def ask_pick(target, body, headers=None, path="/v1/completions", timeout=10.0, t
             channel = grpc.insecure_channel(where)
         try:
             stub = extproc_grpc.ExternalProcessorStub(channel)
-            stream = stub.Process(_requests(sent, body), timeout=timeout)
+            stream = stub.Process(_requests(sent, body, subset), timeout=timeout)
             header = meta = None
             try:
                 for response in stream:

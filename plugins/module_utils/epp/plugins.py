@@ -26,7 +26,8 @@ Public names (the collection's tests import them, e.g. the render tests):
   ``("kvEventsConfig", "podDiscoveryConfig")``); raises ``KeyError`` for an unknown type or path.
 - ``plugin_types(version=DEFAULT_ROUTER_VERSION, role=None)``: the sorted registered type names, optionally of a role.
 
-Schemas are built with :mod:`.schema` (``obj``, ``list_of``, ...); ``schema.validate`` checks a value.
+Schemas are built with :mod:`.schema` (``obj``, ``list_of``, ...); ``schema.validate`` checks a value. The same tables
+for the Gateway API Inference Extension's own EPP (``router_impl: gie``) are in :mod:`.gie`.
 """
 
 from __future__ import absolute_import, division, print_function
@@ -43,9 +44,9 @@ ROUTER_VERSIONS = wiring.ROUTER_VERSIONS
 DEFAULT_ROUTER_VERSION = ROUTER_VERSION
 
 # llm-d-router's go.mod at ROUTER_VERSION requires github.com/llm-d/llm-d-kv-cache KV_CACHE_VERSION (no replace, no
-# vendor directory). The kv-cache mirror read here has no tag of that version; its newest commit on or before the
-# router's tag (2026-06-23) is main at 7be76e1 (2026-06-12), which is what these kv-cache entries cite.
-KV_CACHE_REF = "llm-d/llm-d-kv-cache@7be76e119ca50c5700b3bca65a19b6a0218a9b62"
+# vendor directory). The Go module proxy serves that module at exactly that tag (origin refs/tags/v0.9.0, commit
+# 7bfda47); every path, struct and json tag the kv-cache entries below cite was checked there.
+KV_CACHE_REF = "llm-d/llm-d-kv-cache@%s" % KV_CACHE_VERSION
 
 ROLES = frozenset([
     "filter", "scorer", "picker", "profile-handler", "decider", "pre-request", "producer", "prefix-producer",
@@ -350,6 +351,11 @@ REMOVED_OR_LATER = {
         "endpoint-attribute-scorer": "first registered in llm-d-router v0.10.0",
         "sheddable-eviction-filter": "in a package the %s EPP binary does not import" % ROUTER_VERSION,
         "priority-then-time-eviction-order-policy": "in a package the %s EPP binary does not import" % ROUTER_VERSION,
+        # Types of the Gateway API Inference Extension's own EPP (router_impl gie, epp/gie.py).
+        "model-server-protocol-metrics": "GIE's name; llm-d-router %s calls its metrics extractor core-metrics-extractor"
+                                         % ROUTER_VERSION,
+        "predicted-latency-scorer": "a GIE plugin type; llm-d-router %s has predicted-latency-producer and latency-scorer"
+                                    % ROUTER_VERSION,
     },
 }
 
@@ -427,6 +433,16 @@ BEHAVIOUR = {
             "one is being used.\" and starts with its default configuration (queue-scorer, kv-cache-utilization-scorer and "
             "an approximate prefix-cache-scorer), not one written for these engines.",
             _R9 + "pkg/epp/config/loader/configloader.go"),
+        # Only zero bytes are the default configuration (LoadRawConfig); an empty plugins list decodes as it is, and
+        # ensureSchedulingLayer (defaults.go) then makes profile default of every filter, scorer and picker declared
+        # (none) and adds a single-profile-handler and a max-score-picker. Read at the tag, not run here (no llm-d EPP
+        # binary); GIE v1.4.0's identical ensureSchedulingLayer was run with plugins: [] (epp/gie.py).
+        "no-plugins": (
+            WARNING,
+            "plugins is empty; llm-d-router {version} does not then use its default configuration (only an empty file "
+            "does), so no scorer runs: a scheduling profile without plugins gets only the max-score-picker the EPP adds, "
+            "and every request goes to a random endpoint.",
+            _R9 + "pkg/epp/config/loader/defaults.go"),
         # buildSchedulerConfig wraps the scorer with *pluginRef.Weight as given; validateConfig checks no weight.
         "negative-weight": (
             WARNING,

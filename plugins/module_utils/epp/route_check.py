@@ -14,6 +14,11 @@ precise router's claim is that its pick holds the longest cached prefix of the r
 
 ``RouteCheck(params).run()`` returns the facts or raises ``CheckError(msg, facts)``. Prompts and token ids stay in
 this process; the facts carry counts and endpoint addresses only.
+
+An engine whose KV-event sequence starts again while the check listens restarted in place: the collection's index
+forgets its blocks, the EPP v0.9.0's does not (llm-d-kv-cache v0.9.0 clears a pod only on AllBlocksCleared; see
+``kv/index_check.RESTART_WARNING``). The facts name it (``restarted_engines``, ``restart_warning``), and a pick of it
+that misses the longest prefix says so.
 """
 
 from __future__ import absolute_import, division, print_function
@@ -24,7 +29,7 @@ import json
 from urllib.parse import urlsplit
 
 from ..kv.index_approx import block_hashes
-from ..kv.index_check import ENGINE_SPEC, KVIndexCheck
+from ..kv.index_check import ENGINE_SPEC, KVIndexCheck, restart_warning
 from .extproc import ask_pick, split_target
 
 
@@ -65,6 +70,7 @@ OPTIONS = {
     "model": {"type": "str"},
     "max_tokens": {"type": "int", "default": 1, "no_log": False, "range": (1, None)},
     "expect_longest_prefix": {"type": "bool", "default": True},
+    "send_to_pick": {"type": "bool", "default": False},
     "settle": {"type": "float", "default": 1.0, "range": (0, 3600)},
     "event_wait": {"type": "float", "default": 5.0, "range": (0, 3600)},
     "timeout": {"type": "float", "default": 120.0, "range": (0, None, "open-low")},
@@ -106,11 +112,19 @@ class RouteCheck(KVIndexCheck):
             "warm_holds_longest": sum(1 for p in warm if p["holds_longest"]),
             "picks": list(self.picks),
             "engines": dict((e.name, {"address": e.spec.get("address"), "batches": e.batches, "held_blocks": self.index.size(e.name)
-                                      if self.index else 0}) for e in self.engines),
+                                      if self.index else 0, "restarts": e.restarts}) for e in self.engines),
+            "sent": sum(1 for p in self.picks if "cached_tokens" in p),
+            "sent_cached_tokens": sum(p.get("cached_tokens", 0) for p in self.picks),
+            "index_exact": sum(1 for p in self.picks if p.get("index_exact")),
+            "restarted_engines": self.restarted_engines(),
+            "restart_warning": restart_warning(self.restarted_engines()),
         }
         facts["summary"] = ("the EPP's pick held the longest cached prefix on %d of %d requests (%d of %d where an engine held "
                             "part of the prompt)" % (facts["holds_longest"], facts["requests"], facts["warm_holds_longest"],
                                                      facts["warm_requests"]))
+        if facts["sent"]:
+            facts["summary"] += ("; sent on to the picks, the engines reported %d cached tokens, as the index predicted on %d of %d"
+                                 % (facts["sent_cached_tokens"], facts["index_exact"], facts["sent"]))
         return facts
 
     # -- validation -----------------------------------------------------------------------
@@ -131,16 +145,27 @@ class RouteCheck(KVIndexCheck):
         self.prepare()
         with self.listening():
             if warm is not None:
+                since = dict((e.name, e.source.activity) for e in self.engines)
                 warm()
+                self.heard_from_any(since)
             for pos, request in enumerate(self.params["requests"]):
                 self.route(pos, request)
         self.judge()
         return self.facts()
 
+    def heard_from_any(self, since):
+        """After the caller's warm-up traffic: wait until some engine's stream received a message after ``since`` (its activity
+        then), bounded by ``event_wait``; the engine that served it is not known, so the rest is the quiet period's."""
+        until = min(self.deadline, self.clock() + max(self.params["event_wait"], 0.0))
+        while self.clock() < until and not any(e.source.activity > since[e.name] for e in self.engines):
+            self.consumer.poll(0.05)
+            self.drain()
+
     def route(self, pos, request):
         self.settle()
         prompt = request["prompt"]
-        predicted = self.predict(prompt, {}, block_hashes(prompt, self.approx.block_size, self.model))["precise"]
+        tokens = {}
+        predicted = self.predict(prompt, tokens, block_hashes(prompt, self.approx.block_size, self.model))["precise"]
         epp = self.params["epp"]
         body = json.dumps({"model": self.model, "prompt": prompt, "max_tokens": self.params["max_tokens"]}).encode("utf-8")
         headers = dict(epp["headers"], **request["headers"])
@@ -160,6 +185,22 @@ class RouteCheck(KVIndexCheck):
         if name is None:
             self.fail("The EPP picked %s for request %s, which is none of the engines given (%s); give each engine the address "
                       "the EPP knows it by (engines[].address)." % (picked, pick["request"], ", ".join(sorted(self.by_address))))
+        if self.params["send_to_pick"]:
+            self.send(self.by_name[name], prompt, tokens[name], pick)
+
+    def send(self, engine, prompt, ids, pick):
+        """The request on to the picked engine, as the Gateway sends it: the engine's cached tokens for it (the index predicted
+        them), then its KV events until every full block of the prompt is held (a condition, bounded by event_wait)."""
+        since = engine.source.activity
+        prompt_tokens, reported = self.complete(engine, prompt)
+        engine.requests += 1
+        if reported is None:
+            self.fail("Engine %s does not report usage.prompt_tokens_details.cached_tokens; start vLLM with "
+                      "--enable-prompt-tokens-details." % engine.name)
+        pick.update({"cached_tokens": reported, "prompt_tokens": prompt_tokens, "index_exact": reported == pick["predicted"][engine.name]})
+        keys = self.index.prompt_keys(ids)
+        self.settle(wait_for=engine if len(keys) * self.block_size > reported else None, since=since,
+                    until=lambda: self.index.lookup(engine.name, keys) >= len(keys))
 
     # -- verdict --------------------------------------------------------------------------
     def judge(self):
@@ -168,8 +209,15 @@ class RouteCheck(KVIndexCheck):
         wrong = [p for p in self.picks if not p["holds_longest"]]
         if wrong:
             first = wrong[0]
+            if self.by_name[first["engine"]].restarts:
+                why = ("%s restarted in place during the check and llm-d-kv-cache v0.9.0, the EPP v0.9.0's index, keeps a restarted "
+                       "engine's old blocks until its pod is replaced (see restart_warning)" % first["engine"])
+            elif self.params["send_to_pick"]:
+                why = ("every request went to the engine the EPP picked, so even an approximate prefix-cache scorer learns the "
+                       "prefix from its own picks: check that a prefix-cache scorer weighs enough in the EPP's profile")
+            else:
+                why = "check that the router runs precise prefix-cache scoring and receives these engines' events"
             self.fail("The EPP picked %s (%s) for request %s, which holds %d cached tokens of its prompt, while %s held %d, the longest "
-                      "cached prefix by the engines' KV events (%d of %d picks missed it); check that the router runs precise "
-                      "prefix-cache scoring and receives these engines' events." % (
+                      "cached prefix by the engines' KV events (%d of %d picks missed it); %s." % (
                           first["engine"], first["picked"], first["request"], first["predicted"][first["engine"]],
-                          " and ".join(first["longest"]), first["longest_tokens"], len(wrong), len(self.picks)))
+                          " and ".join(first["longest"]), first["longest_tokens"], len(wrong), len(self.picks), why))

@@ -8,9 +8,8 @@
 """A KV-block index built from live KV-cache events (pure Python, no Ansible).
 
 What a precise prefix-cache router keeps per engine, with the semantics of the llm-d KV-block index that
-llm-d-router v0.9.0 uses (its go.mod requires github.com/llm-d/llm-d-kv-cache v0.9.0; read at
-llm-d/llm-d-kv-cache@7be76e11 (main of 2026-06-12, the newest commit before the router's v0.9.0 tag; the
-v0.9.0 tag is not in the mirror): ``pkg/kvcache/kvblock/in_memory.go``, ``token_processor.go``,
+llm-d-router v0.9.0 uses (its go.mod requires github.com/llm-d/llm-d-kv-cache v0.9.0; read at the tag,
+llm-d/llm-d-kv-cache@v0.9.0, from the Go module proxy: ``pkg/kvcache/kvblock/in_memory.go``, ``token_processor.go``,
 ``pkg/kvevents/pool.go``):
 
 * Engines are identified by the pod id of their topic ``kv@<host>:<port>@<model>`` (``engineadapter/common.go``).

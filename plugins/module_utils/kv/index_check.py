@@ -18,6 +18,17 @@ this check keeps its own order on top: a sequence number that goes back is a res
 knew of that engine, a gap is repaired through the engine's replay endpoint before the next batch is applied, and
 at the start every engine's buffered history is replayed from seq 0. Token ids stay in this process: they are
 used for keys and lookups and then dropped; facts carry counts only.
+
+Sequence numbers are kept per engine and data-parallel rank (each rank's publisher counts from 0 on its own). A
+live sequence number at or below the last one seen live on that rank is a restart (ZMQ never delivers a live message
+twice); so is one at or below the last replayed one whose payload differs from the replayed batch of that number
+(the live backlog of a replay is byte-identical to it). A number that jumps forward is a gap. An engine that
+restarted in place is named in ``restarted_engines``, with the one sentence ``restart_warning``: the llm-d EPP
+v0.9.0's KV-block index keeps such an engine's old blocks.
+
+After each request the check waits for a condition, not a quiet period: the engine's events show the prompt's full
+blocks held (bounded by ``event_wait``; then a replay of what follows the last applied batch, where the engine has a
+replay endpoint). The quiet period (``settle``) before each prediction is kept for events nobody asked for.
 """
 
 from __future__ import absolute_import, division, print_function
@@ -25,6 +36,7 @@ from __future__ import absolute_import, division, print_function
 __metaclass__ = type  # pylint: disable=invalid-name
 
 import contextlib
+import hashlib
 import re
 import time
 
@@ -83,6 +95,31 @@ CACHE_CONFIG_RE = re.compile(r'^vllm:cache_config_info\{([^}]*)\}', re.M)
 LABEL_RE = re.compile(r'(\w+)="([^"]*)"')
 MAX_MISMATCHES = 10
 PAD = " a"
+# What llm-d-kv-cache v0.9.0 (the KV-block index of the llm-d EPP v0.9.0) does with a restarted engine, read at the tag
+# (github.com/llm-d/llm-d-kv-cache@v0.9.0): pkg/kvevents/zmq_subscriber.go runSubscriber reads each message's sequence
+# number only to log it and pass it on in RawMessage.Sequence, which nothing reads; pkg/kvevents/pool.go
+# processEventBatch clears a pod (index.Clear) only on AllBlocksCleared, which vLLM 0.32.0 publishes only from
+# BlockPool.reset_prefix_cache (vllm/v1/core/block_pool.py), never at start. The EPP keys scores by the endpoint's
+# address (llm-d-router@v0.9.0: .../dataproducer/preciseprefixcache/producer.go produceFromBlockKeys), so a pod with
+# a new address starts with nothing credited.
+RESTART_WARNING = ("%s restarted in place during the check (%s); llm-d-kv-cache v0.9.0 keeps a restarted engine's old blocks until "
+                   "the pod is replaced, so a precise llm-d EPP may route to blocks %s: replace the pod (delete it so its Deployment "
+                   "creates a new one with a new address) rather than restart its container.")
+
+
+def restart_warning(names):
+    """The one sentence for engines seen restarting in place (None when there are none)."""
+    names = sorted(names)
+    if not names:
+        return None
+    if len(names) == 1:
+        return RESTART_WARNING % ("Engine %s" % names[0], "its KV-event sequence started again", "that engine no longer holds")
+    return RESTART_WARNING % ("Engines %s and %s" % (", ".join(names[:-1]), names[-1]), "their KV-event sequences started again",
+                              "those engines no longer hold")
+
+
+def _digest(payload):
+    return hashlib.blake2b(bytes(payload), digest_size=8).digest()
 
 
 def cache_config(metrics_text):
@@ -112,16 +149,23 @@ class Engine:
         self.client = client
         self.source = Source(spec["endpoint"], spec.get("socket_mode") == "bind", spec["topic"], spec.get("replay_endpoint"),
                              name=self.name)
-        self.last_applied = -1
-        self.last_live = -1
+        self.ranks = {}   # data-parallel rank -> its sequence bookkeeping (``rank``)
         self.batches = 0
         self.gaps = 0
         self.gaps_unrepaired = 0
         self.restarts = 0
+        self.restart_log = []   # {"rank", "from", "to"}: the last live sequence number before each restart and the first after
         self.requests = 0
         self.block_size = None
         self.num_gpu_blocks = None
         self.event_waits_timed_out = 0
+
+    def rank(self, rank):
+        """One rank's sequence state: last seq seen live and its payload digest, last applied, replayed digests not yet live."""
+        state = self.ranks.get(rank)
+        if state is None:
+            state = self.ranks[rank] = {"live": -1, "live_digest": None, "applied": -1, "replayed": {}}
+        return state
 
     @property
     def topic(self):
@@ -147,6 +191,7 @@ class Engine:
             "held_blocks": index.size(self.name),
             "held_blocks_uncounted": uncounted.size(self.name),
             "restarts": self.restarts,
+            "restart_seqs": list(self.restart_log),
             "gaps": self.gaps,
             "gaps_unrepaired": self.gaps_unrepaired,
             "other_topics": dict(self.tally.other_topics),
@@ -177,7 +222,7 @@ class KVIndexCheck:
         self.block_size = None
         self.start = None
         self.deadline = None
-        self.results = {"requests": 0, "exact": 0, "largest_error": 0, "mismatches": []}
+        self.results = {"requests": 0, "exact": 0, "largest_error": 0, "mismatches": [], "restart_misses": 0, "restart_miss_steps": []}
         self.uncounted_results = {"exact": 0, "wrong": 0, "largest_error": 0}
         self.approx_results = {"predicted_hits": 0, "exact": 0, "stale_hits": 0, "stale_hits_nothing_cached": 0, "missed_hits": 0,
                                "stale_hit_steps": []}
@@ -199,13 +244,17 @@ class KVIndexCheck:
             "exact_percent": round(100.0 * res["exact"] / requests, 2) if requests else None,
             "largest_error": res["largest_error"],
             "mismatches": list(res["mismatches"]),
+            "restart_misses": res["restart_misses"],
+            "restart_miss_steps": list(res["restart_miss_steps"]),
+            "restarted_engines": self.restarted_engines(),
+            "restart_warning": restart_warning(self.restarted_engines()),
             "steps": self.steps_done,
             "workload_kinds": dict(self.kinds),
             "engines": dict((e.name, e.facts(self.index, self.uncounted)) for e in self.engines) if self.index else {},
             "routing": dict(self.routing),
             "uncounted": dict(self.uncounted_results, semantics=(
                 "llm-d InMemoryIndex.Evict: the first BlockRemoved of an engine hash drops its request keys "
-                "(llm-d/llm-d-kv-cache@7be76e11:pkg/kvcache/kvblock/in_memory.go)")),
+                "(llm-d/llm-d-kv-cache@v0.9.0:pkg/kvcache/kvblock/in_memory.go)")),
             "approximate": dict(self.approx_results),
             "elapsed": round(self.clock() - self.start, 3) if self.start is not None else 0.0,
         }
@@ -219,13 +268,17 @@ class KVIndexCheck:
         facts["summary"] = self.summary(facts)
         return facts
 
+    def restarted_engines(self):
+        """Names of the engines whose KV-event sequence started again during the check, sorted."""
+        return sorted(e.name for e in self.engines if e.restarts)
+
     @staticmethod
     def summary(facts):
         requests = facts["requests"]
         routing = facts["routing"]
         approx = facts["approximate"]
         evictions = ", ".join("%s %d" % (name, e["blocks_removed"]) for name, e in sorted(facts["engines"].items()))
-        return [
+        lines = [
             "precise index (copies counted): %d/%d predictions exact, largest error %d tokens" % (
                 facts["exact"], requests, facts["largest_error"]),
             "llm-d uncounted eviction: %d/%d exact, %d wrong, largest error %d tokens" % (
@@ -238,6 +291,11 @@ class KVIndexCheck:
                 routing["steps_on_every_engine"], routing["precise_agrees"], routing["uncounted_agrees"], routing["approximate_agrees"]),
             "evicted blocks (BlockRemoved) per engine: %s" % (evictions or "none"),
         ]
+        if facts["restarted_engines"]:
+            lines.append("restarted in place (sequence started again): %s; %d requests right after a restart could not be predicted" % (
+                ", ".join("%s %d" % (name, facts["engines"][name]["restarts"]) for name in facts["restarted_engines"]),
+                facts["restart_misses"]))
+        return lines
 
     def fail(self, msg):
         raise CheckError(msg, self.facts())
@@ -337,14 +395,16 @@ class KVIndexCheck:
         """Replay every engine's buffered history from seq 0, so the index starts with what the engine holds."""
         for engine in self.engines:
             if engine.source.replay_endpoint:
-                self.replay_into(engine, 0, None)
+                self.replay_into(engine, engine.source.rank, 0, None)
 
-    def replay_into(self, engine, start, end):
-        """Apply what the engine's replay endpoint holds from ``start`` to ``end`` (None: all), skipping what was applied."""
+    def replay_into(self, engine, rank, start, end):
+        """Apply what the engine's replay endpoint (rank ``rank``'s) holds from ``start`` to ``end`` (None: all), skipping what was applied."""
+        state = engine.rank(rank)
+
         def choose(topic, seq):  # pylint: disable=unused-argument
             if end is not None and seq > end:
                 return STOP
-            return SKIP if seq <= engine.last_applied else TAKE
+            return SKIP if seq <= state["applied"] else TAKE
         error = self.consumer.replay(engine.source, start, self.deadline, choose)
         if error:
             self.malformed(engine, "replay: %s" % error)
@@ -353,10 +413,10 @@ class KVIndexCheck:
     def malformed(engine, reason):
         engine.tally.add_malformed(reason)
 
-    def apply(self, engine, batch):
-        if batch.seq > engine.last_applied + 1 and engine.last_applied >= 0:
+    def apply(self, engine, batch, state):
+        if batch.seq > state["applied"] + 1 and state["applied"] >= 0:
             engine.gaps += 1
-        engine.last_applied = batch.seq
+        state["applied"] = batch.seq
         engine.batches += 1
         for event in batch.events:
             try:
@@ -365,51 +425,94 @@ class KVIndexCheck:
             except ValueError as exc:   # an event the index cannot key (no token ids, no block size)
                 self.malformed(engine, "batch %d: %s" % (batch.seq, exc))
 
-    def on_batch(self, batch, payload, live, source):  # pylint: disable=unused-argument
+    def restarted(self, engine, rank, state, seq):
+        """The engine started again (its rank's sequence went back): what the index knew of it is gone."""
+        engine.restarts += 1
+        if len(engine.restart_log) < MAX_MISMATCHES:
+            engine.restart_log.append({"rank": rank, "from": max(state["live"], state["applied"]), "to": seq})
+        self.index.cleared(engine.name)
+        self.uncounted.cleared(engine.name)
+        state.update(live=-1, live_digest=None, applied=-1, replayed={})
+
+    def on_batch(self, batch, payload, live, source):
         """A batch from the consumer: a replayed one is applied; a live one in order, after a restart or a gap repair."""
         engine = self.by_name[source.name]
-        if not live:
-            self.apply(engine, batch)
-            return
+        rank = source.rank if batch.rank is None else batch.rank
+        state = engine.rank(rank)
         seq = batch.seq
-        if engine.last_live >= 0 and seq < engine.last_live:
-            engine.restarts += 1   # the engine started again: what the index knew of it is gone
-            self.index.cleared(engine.name)
-            self.uncounted.cleared(engine.name)
-            engine.last_applied = -1
-        engine.last_live = seq
-        if seq <= engine.last_applied:
+        if not live:
+            if seq > state["live"]:   # its live copy may still be queued: a live batch under this number with other bytes is a restart's
+                state["replayed"][seq] = _digest(payload)
+            self.apply(engine, batch, state)
+            return
+        digest = _digest(payload)
+        if seq <= state["live"]:
+            if seq == state["live"] and digest == state["live_digest"]:
+                return   # the very same message again (not from one ZMQ connection, but never counted twice)
+            self.restarted(engine, rank, state, seq)
+        elif seq <= state["applied"] and state["replayed"].get(seq, digest) != digest:
+            self.restarted(engine, rank, state, seq)   # not the batch replayed under this number: a new run's
+        state["live"], state["live_digest"] = seq, digest
+        replayed = state["replayed"]
+        while replayed:   # replayed in ascending order: what the live stream has passed goes from the front
+            first = next(iter(replayed))
+            if first > seq:
+                break
+            del replayed[first]
+        if seq <= state["applied"]:
             return   # already applied (backlog after a replay)
-        if seq > engine.last_applied + 1:
-            if source.replay_endpoint:
-                self.replay_into(engine, engine.last_applied + 1, seq - 1)
-            if seq > engine.last_applied + 1:
+        if seq > state["applied"] + 1:
+            if source.replay_endpoint and rank == source.rank:
+                self.replay_into(engine, rank, state["applied"] + 1, seq - 1)
+            if seq > state["applied"] + 1:
                 engine.gaps_unrepaired += 1
-        self.apply(engine, batch)
+        self.apply(engine, batch, state)
 
     def drain(self):
         return self.consumer.drain_all(DRAIN_LIMIT)
 
-    def settle(self, wait_for=None, since=0):
-        """Apply events until every stream was quiet for ``settle`` seconds (and ``wait_for`` sent something)."""
+    def settle(self, wait_for=None, since=0, until=None):
+        """Apply events until every stream was quiet for ``settle`` seconds, once ``wait_for`` sent something (activity above ``since``).
+
+        With ``until`` (a function), what ``wait_for`` sent must also make ``until()`` true: the condition a request's events
+        meet, such as the prompt's blocks held; a message from it that the check cannot use (another topic, malformed, a store
+        with an unknown parent) ends that wait, since what it lacks will not come. The wait is bounded by ``event_wait``; then,
+        where the engine has a replay endpoint, what follows its last applied batch is asked for once (a batch lost on the way
+        is still in the engine's replay buffer) before the wait is given up and counted (``event_waits_timed_out``).
+        """
         quiet = max(self.params["settle"], 0.0)
         event_wait = self.clock() + max(self.params["event_wait"], 0.0)
         last = self.clock()
+        asked_tail = False
+        if wait_for is not None:
+            batches, unusable = wait_for.batches, self.unusable(wait_for)
         while True:
             now = self.clock()
             if now >= self.deadline:
                 self.fail("The check ran out of its %ss timeout after %d requests; raise timeout or shrink the workload." % (
                     self.params.get("timeout"), self.results["requests"]))
-            waiting = wait_for is not None and wait_for.source.activity <= since and not wait_for.source.stopped
+            waiting = wait_for is not None and not wait_for.source.stopped and (
+                (wait_for.source.activity <= since and wait_for.batches == batches)
+                or (until is not None and not until() and self.unusable(wait_for) == unusable))
             if waiting and now >= event_wait:
+                if not asked_tail and wait_for.source.replay_endpoint:
+                    asked_tail = True
+                    self.replay_into(wait_for, wait_for.source.rank, wait_for.rank(wait_for.source.rank)["applied"] + 1, None)
+                    last = self.clock()
+                    continue
                 wait_for.event_waits_timed_out += 1
                 waiting = False
                 wait_for = None
             if not waiting and now - last >= quiet:
                 return
-            self.consumer.poll(min(quiet, 0.05))
+            self.consumer.poll(0.05 if waiting else min(quiet, 0.05))
             if self.drain():
                 last = self.clock()
+
+    def unusable(self, engine):
+        """How many of the engine's messages the index could not use: other topics, malformed, stores with an unknown parent."""
+        blocks = self.index.engines.get(engine.name) if self.index is not None else None
+        return engine.tally.malformed + sum(engine.tally.other_topics.values()) + (blocks.stores_skipped if blocks else 0)
 
     def withhold(self, engine):
         """Stop reading an engine's events (fault injection: a router that stopped hearing it)."""
@@ -466,7 +569,7 @@ class KVIndexCheck:
             predicted = self.predict(prompt, tokens, approx_hashes)
             if before is None:
                 before = predicted   # the moment a router would pick the engine
-            since = engine.source.activity
+            since, restarts = engine.source.activity, engine.restarts
             prompt_tokens, reported = self.complete(engine, prompt)
             engine.requests += 1
             self.results["requests"] += 1
@@ -477,13 +580,16 @@ class KVIndexCheck:
                 self.fail("Engine %s counted %s prompt tokens for %s but its /tokenize gave %d; the check cannot key the "
                           "prompt's blocks." % (name, prompt_tokens, step.family, len(tokens[name])))
             truth[name] = reported
+            # The blocks this request computed are published after it: wait until the engine's events show every full block
+            # of the prompt held (a condition, not a time), before judging (a restart shows in these events) and predicting.
+            keys = self.index.prompt_keys(tokens[name])
+            expect_store = len(keys) * self.block_size > reported
+            self.settle(wait_for=engine if expect_store else None, since=since,
+                        until=lambda: self.index.lookup(name, keys) >= len(keys))
             approx_tokens = self.approx_tokens(engine, prompt, predicted["approximate"][name], len(tokens[name]))
             self.compare(step, engine, predicted["precise"][name], predicted["uncounted"][name], approx_tokens, reported,
-                         len(tokens[name]))
+                         len(tokens[name]), restarted=engine.restarts > restarts)
             self.approx.routed(name, approx_hashes)
-            # The blocks this request computed are published after it: wait for them before the next prediction.
-            expect_store = (len(tokens[name]) // self.block_size) * self.block_size > reported
-            self.settle(wait_for=engine if expect_store else None, since=since)
         if len(step.targets) == len(self.engines) > 1:
             self.score_routing(truth, before)
         self.steps_done += 1
@@ -522,10 +628,15 @@ class KVIndexCheck:
         count = prompt_tokens if cut >= len(raw) else len(self.tokenize(engine, raw[:cut].decode("utf-8", "ignore")))
         return predicted_cached_tokens(count // self.block_size, prompt_tokens, self.block_size)
 
-    def compare(self, step, engine, predicted, uncounted, approx_tokens, reported, prompt_tokens):
+    def compare(self, step, engine, predicted, uncounted, approx_tokens, reported, prompt_tokens, restarted=False):
+        """Hold a prediction against the engine's report; ``restarted``: this request's own events showed the engine restarted.
+
+        A request to an engine that restarted in place just before it, predicted above what the engine reported, is a restart
+        miss, not a wrong prediction: only the request's own events revealed the restart, so no index could have known the
+        cache was empty (the llm-d EPP v0.9.0's index keeps the old blocks even after those events).
+        """
         res = self.results
         error = abs(predicted - reported)
-        res["largest_error"] = max(res["largest_error"], error)
         unc = self.uncounted_results
         if uncounted == reported:
             unc["exact"] += 1
@@ -546,6 +657,13 @@ class KVIndexCheck:
             apx["missed_hits"] += 1
         else:
             apx["exact"] += 1
+        if restarted and predicted > reported:
+            res["restart_misses"] += 1
+            if len(res["restart_miss_steps"]) < MAX_MISMATCHES:
+                res["restart_miss_steps"].append({"step": step.index, "family": step.family, "engine": engine.name,
+                                                  "predicted": predicted, "reported": reported})
+            return
+        res["largest_error"] = max(res["largest_error"], error)
         if error == 0:
             res["exact"] += 1
             return
@@ -569,6 +687,8 @@ class KVIndexCheck:
             return "; a gap in its event stream could not be repaired (%d in all)" % engine.gaps_unrepaired
         if tally.malformed:
             return "; %d of its messages were malformed (%s)" % (tally.malformed, tally.malformed_reason)
+        if engine.restarts:
+            return "; it restarted in place during the check (its KV-event sequence started again %d times)" % engine.restarts
         return ""
 
     def score_routing(self, truth, before):

@@ -23,7 +23,7 @@ from envoy.config.core.v3 import base_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 from envoy.type.v3 import http_status_pb2
-from google.protobuf import struct_pb2
+from google.protobuf import json_format, struct_pb2
 
 
 class FakeEPP(pb_grpc.ExternalProcessorServicer):
@@ -31,6 +31,7 @@ class FakeEPP(pb_grpc.ExternalProcessorServicer):
         self.pick = pick
         self.answer = answer
         self.seen = []
+        self.metadata = []   # each request's metadata context (filter metadata, as plain dicts)
         self.server = grpc.server(futures.ThreadPoolExecutor(4))
         pb_grpc.add_ExternalProcessorServicer_to_server(self, self.server)
         if tls:
@@ -53,7 +54,9 @@ class FakeEPP(pb_grpc.ExternalProcessorServicer):
             kind = req.WhichOneof("request")
             if kind == "request_headers":
                 headers = dict((h.key, h.raw_value.decode()) for h in req.request_headers.headers.headers)
+                self.metadata.append(dict((k, json_format.MessageToDict(v)) for k, v in req.metadata_context.filter_metadata.items()))
             elif kind == "request_body" and req.request_body.end_of_stream:
+                self.metadata.append(dict((k, json_format.MessageToDict(v)) for k, v in req.metadata_context.filter_metadata.items()))
                 self.seen.append((headers, req.request_body.body))
                 if self.answer == "hang":
                     time.sleep(30)

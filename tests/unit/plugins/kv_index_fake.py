@@ -10,6 +10,12 @@ limited to ``prompt tokens - 1``, a fixed number of blocks, least recently used 
 blocks are freed tail first), and a second cached copy of a block when a cached last block is recomputed. Each
 request publishes one batch: the BlockRemoved of what it evicted, then one BlockStored of the blocks it computed.
 Tokens are the prompt's whitespace-separated words (one token each) after a BOS token.
+
+Its batches go out from a publisher thread of their own, as vLLM's do, through an XPUB socket, which sees
+subscriptions: before its first batch it waits (at most ``SUBSCRIBER_WAIT`` seconds) until a subscription arrived, so
+a test never depends on how fast a subscription crosses the machine (a PUB drops what it sends before then).
+``restart()`` (or ``restart_after``) starts it again in place as vLLM does: the cache empty, the sequence numbers from
+0 again, nothing published about it.
 """
 
 from __future__ import absolute_import, division, print_function
@@ -19,6 +25,7 @@ __metaclass__ = type  # pylint: disable=invalid-name
 import collections
 import hashlib
 import json
+import queue
 import threading
 import time
 import zlib
@@ -28,6 +35,7 @@ import msgspec
 import zmq
 
 BOS = 1
+SUBSCRIBER_WAIT = 60.0   # seconds: generous, a bound only
 
 
 def tokenize(prompt):
@@ -42,7 +50,8 @@ def engine_hash(parent, tokens):
 class FakeEngine:
     """One fake engine; ``with FakeEngine(...) as engine:`` serves until the block ends."""
 
-    def __init__(self, port, endpoint, topic, block_size=4, num_blocks=24, model="tiny", report_cached=True, bind=True, host="127.0.0.1"):
+    def __init__(self, port, endpoint, topic, block_size=4, num_blocks=24, model="tiny", report_cached=True, bind=True, host="127.0.0.1",
+                 restart_after=None):
         self.port = port
         self.host = host
         self.url = "http://%s:%d" % (host, port)
@@ -63,9 +72,44 @@ class FakeEngine:
         self.copies = 0
         self.server = None
         self.thread = None
+        self.subscribed = False
+        self.outbox = queue.Queue()
+        self.closing = threading.Event()
+        self.publisher = None
+        self.requests = 0
+        self.restart_after = restart_after
+        self.restarts = 0
 
     # -- cache ----------------------------------------------------------------------------
+    def restart(self):
+        """Start again in place (same address): an empty cache, sequence numbers from 0, and no AllBlocksCleared."""
+        self.free.clear()
+        self.cached.clear()
+        self.seq = 0
+        self.restarts += 1
+
+    def publish(self, events):
+        """Hand one batch to the publisher thread (as vLLM's engine hands it to its publisher thread): it is sent after the
+        answer may have gone, never before a subscription arrived."""
+        self.outbox.put([self.topic, self.seq.to_bytes(8, "big"), msgspec.msgpack.encode([time.time(), events, 0])])
+        self.seq += 1
+
+    def _publisher(self):
+        """The publisher thread, the only user of the XPUB socket: waits (bounded) for a subscription, then sends in order."""
+        deadline = time.monotonic() + SUBSCRIBER_WAIT
+        while True:
+            frames = self.outbox.get()
+            if frames is None:
+                return
+            while not self.subscribed and not self.closing.is_set() and time.monotonic() < deadline:
+                if self.pub.poll(100, zmq.POLLIN) and self.pub.recv()[:1] == b"\x01":
+                    self.subscribed = True
+            self.pub.send_multipart(frames)
+
     def complete(self, tokens):
+        if self.restart_after is not None and self.requests == self.restart_after:
+            self.restart()
+        self.requests += 1
         size = self.block_size
         full = len(tokens) // size
         hashes, parent = [], None
@@ -106,8 +150,7 @@ class FakeEngine:
         for block, value in reversed(used + new):   # freed tail first: the tail is evicted first
             self.free[block] = value
         if events:
-            self.pub.send_multipart([self.topic, self.seq.to_bytes(8, "big"), msgspec.msgpack.encode([time.time(), events, 0])])
-            self.seq += 1
+            self.publish(events)
         return hit * size
 
     # -- HTTP -----------------------------------------------------------------------------
@@ -150,12 +193,15 @@ class FakeEngine:
         return Handler
 
     def __enter__(self):
-        self.pub = self.ctx.socket(zmq.PUB)
+        self.pub = self.ctx.socket(zmq.XPUB)
         self.pub.setsockopt(zmq.LINGER, 0)
         if self.bind:
             self.pub.bind(self.endpoint)
         else:
             self.pub.connect(self.endpoint)
+        self.publisher = threading.Thread(target=self._publisher)
+        self.publisher.daemon = True
+        self.publisher.start()
         self.server = HTTPServer((self.host, self.port), self.handler())
         self.thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05})
         self.thread.daemon = True
@@ -166,6 +212,9 @@ class FakeEngine:
         self.server.shutdown()
         self.server.server_close()
         self.thread.join(5)
+        self.closing.set()
+        self.outbox.put(None)
+        self.publisher.join(SUBSCRIBER_WAIT + 5)
         self.pub.close(0)
         self.ctx.term()
         return False

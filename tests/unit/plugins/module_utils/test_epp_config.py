@@ -515,12 +515,32 @@ def test_wrong_shapes_are_one_sentence_each(name, fn, sentence):
     (["x"], "The EndpointPickerConfig is not a mapping (got list)."),
     (None, "The EndpointPickerConfig is not a mapping (got NoneType)."),
     ("plugins: []", "The EndpointPickerConfig is not a mapping (got str)."),
-    ({}, "plugins must be a non-empty list."),
-    ({"plugins": None, "schedulingProfiles": None, "dataLayer": None, "apiVersion": None, "kind": None},
-     "plugins must be a non-empty list."),
 ])
 def test_not_a_config(config, sentence):
     assert sentence in check_epp_config(config).problems
+
+
+NO_PLUGINS = ("plugins is empty; llm-d-router v0.9.0 does not then use its default configuration (only an empty file does), so "
+              "no scorer runs: a scheduling profile without plugins gets only the max-score-picker the EPP adds, and every request "
+              "goes to a random endpoint.")
+
+
+@pytest.mark.parametrize("config", [
+    {},
+    {"plugins": None, "schedulingProfiles": None, "dataLayer": None, "apiVersion": None, "kind": None},
+    {"apiVersion": "llm-d.ai/v1alpha1", "kind": "EndpointPickerConfig", "plugins": []},
+    {"apiVersion": "llm-d.ai/v1alpha1", "kind": "EndpointPickerConfig", "plugins": [], "schedulingProfiles": []},
+], ids=["empty-mapping", "all-null", "empty-plugins", "empty-plugins-and-profiles"])
+def test_no_plugins_is_not_the_default_configuration(config):
+    """plugins: [] (or none) with no schedulingProfiles: llm-d-router v0.9.0 decodes it as it is (only zero bytes are
+    the default configuration, pkg/epp/config/loader/configloader.go LoadRawConfig), and ensureSchedulingLayer
+    (pkg/epp/config/loader/defaults.go) builds profile default of the max-score-picker it adds; one warning says so."""
+    result = check_epp_config(config)
+    assert result.kind_of(NO_PLUGINS) == "warning" and NO_PLUGINS in result.warnings
+    assert not [s for s in result.warnings if s.startswith("schedulingProfiles is empty")]
+    assert not [s for s in result.problems if "plugins" in s]
+    if config.get("apiVersion"):
+        assert result.epp_starts is True and result.ok and result.findings == [{"kind": "warning", "sentence": NO_PLUGINS}]
 
 
 @pytest.mark.parametrize("engine,sentence", [

@@ -34,6 +34,17 @@ def test_the_pick_comes_from_the_destination_header_primary_first():
     assert headers["x-request-id"] == answer["request_id"]
 
 
+def test_a_subset_hint_travels_in_the_metadata_context_as_envoy_sends_it():
+    """GIE v1.4.0 (and llm-d's EPP) read envoy.lb.subset_hint / x-gateway-destination-endpoint-subset from the request's
+    metadata context (kubernetes-sigs/gateway-api-inference-extension@v1.4.0:pkg/epp/requestcontrol/locator.go), the one
+    of the last message before it schedules (pkg/epp/handlers/server.go): it travels with every message."""
+    with FakeEPP() as epp:
+        extproc.ask_pick(epp.address, BODY, timeout=10, subset=["10.0.0.1:8000"])
+        extproc.ask_pick(epp.address, BODY, timeout=10)
+    hint = {"envoy.lb.subset_hint": {"x-gateway-destination-endpoint-subset": ["10.0.0.1:8000"]}}
+    assert epp.metadata == [hint, hint, {}, {}]   # headers and body of each request: the EPP keeps the body's
+
+
 def test_an_immediate_response_is_one_sentence_with_its_status():
     with FakeEPP(answer="immediate") as epp:
         with pytest.raises(CheckError) as info:

@@ -98,3 +98,25 @@ def test_any_engine_mode_and_version(engine, mode, version):
                                         "enable_scale_out"]), SCALARS, max_size=7))
 def test_any_engine_fact_values(engine):
     assert_sentences(check_epp_config(PRECISE, engine=engine))
+
+
+# router_impl gie: the same promise for the Gateway API Inference Extension EPP's rules (its role-shaped config).
+def _gie_role():
+    from ansible_collections.inference_cache.substrate.tests.unit.plugins.module_utils.test_epp_gie import ROLE
+    return ROLE
+
+
+GIE_PATHS = [p for p in paths(_gie_role()) if p]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.sampled_from(GIE_PATHS), JUNK, st.sampled_from([None, "approximate", "precise"]))
+def test_any_value_at_any_depth_of_a_gie_config(path, junk, mode):
+    assert_sentences(check_epp_config(plant(_gie_role(), path, junk), router_impl="gie", mode=mode))
+
+
+@settings(max_examples=200, deadline=None)
+@given(JUNK, JUNK)
+def test_any_value_as_a_gie_config_or_router_impl(junk, impl):
+    assert_sentences(check_epp_config(junk, router_impl="gie"))
+    assert_sentences(check_epp_config(PRECISE, router_impl=impl))

@@ -15,6 +15,7 @@ __metaclass__ = type  # pylint: disable=invalid-name
 
 import contextlib
 import json
+import time
 from urllib.request import Request, urlopen
 
 import pytest
@@ -41,7 +42,7 @@ def two_engines():
 
 def warm(engine, prompt):
     body = json.dumps({"model": "tiny", "prompt": prompt, "max_tokens": 1}).encode()
-    with urlopen(Request(engine.url + "/v1/completions", body, {"Content-Type": "application/json"}), timeout=10) as resp:
+    with urlopen(Request(engine.url + "/v1/completions", body, {"Content-Type": "application/json"}), timeout=60) as resp:
         return json.loads(resp.read())
 
 
@@ -108,6 +109,50 @@ def test_a_pick_outside_the_engines_names_their_addresses():
         sorted(address_of(e) for e in engines)) in info.value.msg
 
 
+def poll_until(check, condition, bound=60.0):
+    """Apply the check's events until ``condition()`` holds (a generous bound, never a measured time)."""
+    until = time.monotonic() + bound
+    while not condition():
+        assert time.monotonic() < until, "the engines' events did not arrive"
+        check.consumer.poll(0.05)
+        check.drain()
+
+
+def test_an_engine_restarted_in_place_is_named_and_explains_a_stale_pick():
+    """engine-0 held the prefix, restarted in place (sequence from 0 again, no AllBlocksCleared: vLLM at start), and engine-1
+    computed the prefix since. The EPP v0.9.0 still credits engine-0 with its old blocks and picks it: the check says why."""
+    with two_engines() as engines:
+        check = rc.RouteCheck(params(engines, [PREFIX + " second question"]), ask=picking(address_of(engines[0])))
+
+        def warm_restart_warm():
+            warm(engines[0], PREFIX + " first question")
+            poll_until(check, lambda: check.index.size("engine-0") > 0)
+            engines[0].restart()
+            warm(engines[0], "a prompt of other words entirely")
+            warm(engines[1], PREFIX + " first question")
+            poll_until(check, lambda: check.by_name["engine-0"].restarts == 1 and check.index.size("engine-1") > 0)
+        with pytest.raises(CheckError) as info:
+            check.run(warm=warm_restart_warm)
+    msg = assert_one_sentence(info.value.msg)
+    assert msg.startswith("The EPP picked engine-0 (%s) for request 0, which holds 0 cached tokens of its prompt, while engine-1 held"
+                          % address_of(engines[0]))
+    assert msg.endswith("; engine-0 restarted in place during the check and llm-d-kv-cache v0.9.0, the EPP v0.9.0's index, keeps a "
+                        "restarted engine's old blocks until its pod is replaced (see restart_warning).")
+    facts = info.value.facts
+    assert facts["restarted_engines"] == ["engine-0"] and facts["engines"]["engine-0"]["restarts"] == 1
+    assert facts["engines"]["engine-1"]["restarts"] == 0
+    assert assert_one_sentence(facts["restart_warning"]).startswith("Engine engine-0 restarted in place during the check (its KV-event "
+                                                                    "sequence started again); llm-d-kv-cache v0.9.0 keeps")
+
+
+def test_without_a_restart_the_facts_name_none():
+    with two_engines() as engines:
+        facts = run_warmed(rc.RouteCheck(params(engines, [PREFIX + " again"]), ask=picking(address_of(engines[0]))), engines[0],
+                           PREFIX + " first question")
+    assert facts["restarted_engines"] == [] and facts["restart_warning"] is None
+    assert facts["engines"]["engine-0"]["restarts"] == 0 and facts["picks"][0]["longest_tokens"] > 0
+
+
 def test_through_the_ext_proc_protocol():
     with two_engines() as engines:
         with FakeEPP(pick=lambda body: address_of(engines[1]) if b"word3" in body else address_of(engines[0])) as epp:
@@ -140,3 +185,35 @@ def test_two_engines_with_one_address_are_refused():
         with pytest.raises(CheckError) as info:
             rc.RouteCheck(p, ask=picking("nowhere")).run()
     assert "have the same address" in info.value.msg
+
+
+def test_send_to_pick_warms_the_picked_engine_and_holds_the_next_picks():
+    """As the Gateway does: each request goes on to the pick, so an EPP that learns from its picks is warmed by them."""
+    picks = []
+
+    def sticky(body):   # an EPP that keeps a prefix where it first sent it
+        picks.append(body["prompt"])
+        return "127.0.0.1:%d" % ports[0]
+    with two_engines() as engines:
+        ports = [e.port for e in engines]
+        prompts = [PREFIX + " first question", PREFIX + " second question", PREFIX + " third question"]
+        facts = rc.RouteCheck(params(engines, prompts, send_to_pick=True), ask=picking(sticky)).run()
+    assert len(picks) == 3 and facts["sent"] == 3 and facts["holds_longest"] == 3
+    assert facts["warm_requests"] == 2 and facts["warm_holds_longest"] == 2   # the first request warmed it
+    assert [p["cached_tokens"] for p in facts["picks"]][0] == 0 and min(p["cached_tokens"] for p in facts["picks"][1:]) >= 32
+    assert facts["index_exact"] == 3 and facts["sent_cached_tokens"] == sum(p["cached_tokens"] for p in facts["picks"])
+    assert "sent on to the picks, the engines reported" in facts["summary"]
+
+
+def test_send_to_pick_with_a_scorer_that_ignores_its_history_fails_in_one_sentence():
+    with two_engines() as engines:
+        ports = [e.port for e in engines]
+        turn = iter([0, 1])
+        prompts = [PREFIX + " first question", PREFIX + " second question"]
+        with pytest.raises(CheckError) as caught:
+            rc.RouteCheck(params(engines, prompts, send_to_pick=True),
+                          ask=picking(lambda body: "127.0.0.1:%d" % ports[next(turn)])).run()
+    assert_one_sentence(caught.value.msg)
+    assert caught.value.msg.endswith("every request went to the engine the EPP picked, so even an approximate prefix-cache scorer "
+                                     "learns the prefix from its own picks: check that a prefix-cache scorer weighs enough in the "
+                                     "EPP's profile.")

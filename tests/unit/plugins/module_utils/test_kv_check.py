@@ -25,18 +25,29 @@ from ansible_collections.inference_cache.substrate.plugins.module_utils.http.ope
 from ansible_collections.inference_cache.substrate.tests.unit.plugins.http_server import tls_scripted_server
 from ansible_collections.inference_cache.substrate.tests.unit.plugins.net_utils import free_port
 from ansible_collections.inference_cache.substrate.tests.unit.plugins.sentences import assert_one_sentence
+from ansible_collections.inference_cache.substrate.tests.unit.plugins.waiting import GatedClock
 from ansible_collections.inference_cache.substrate.tools import _kv_synthetic as synth
 
 
 def params(**kw):
+    # A generous timeout: a check that gets what it expects stops as soon as the stream settles, whatever the timeout.
     out = dict((k, v.get("default")) for k, v in list(KV_STREAM_ARG_SPEC.items()) + list(CHECK_ARG_SPEC.items()))
-    out.update({"timeout": 5.0, "settle": 0.2})
+    out.update({"timeout": 60.0, "settle": 0.2})
     out.update(kw)
     return out
 
 
-def run(zctx, **kw):
-    return KVEventsCheck(params(**kw), ctx=zctx).run()
+def run(zctx, ready=None, **kw):
+    """The check's run. ``ready(check)``: a check that ends at its timeout ends there only once ``ready`` holds (what the
+    publisher sent arrived, a peer connected), so the sentence it ends with does not depend on the machine's speed."""
+    clock = {}
+    if ready is not None:
+        gated = GatedClock(0.9 * kw["timeout"])
+        clock["clock"] = gated
+    check = KVEventsCheck(params(**kw), ctx=zctx, **clock)
+    if ready is not None:
+        gated.ready = lambda: ready(check)
+    return check.run()
 
 
 # One sentence: one line with no Python error text (the shared helper), ending with its only full stop.
@@ -48,9 +59,9 @@ def one_sentence(msg):
     assert msg.endswith(".") and not SENTENCE_BREAK.search(msg), "not one sentence: %r" % msg
 
 
-def fail(zctx, **kw):
+def fail(zctx, ready=None, **kw):
     with pytest.raises(CheckError) as info:
-        run(zctx, **kw)
+        run(zctx, ready=ready, **kw)
     one_sentence(info.value.msg)
     assert info.value.facts["changed"] is False
     return info.value
@@ -113,7 +124,7 @@ def test_unknown_event_types_not_fatal(zctx, inproc, publisher):
 
 def test_topic_mismatch_names_topic(zctx, inproc, publisher):
     with publisher(inproc[0], topic="kv-events", count=3):
-        exc = fail(zctx, endpoint=inproc[0], topic="kv@", timeout=1.0)
+        exc = fail(zctx, endpoint=inproc[0], topic="kv@", timeout=1.0, ready=lambda check: check.stats.other_topics)
     assert "but messages arrived under topic 'kv-events'; set topic to match" in exc.msg
 
 
@@ -125,7 +136,8 @@ def test_malformed_frames_fail(zctx, inproc, publisher):
 
 def test_unmet_expectations_fail(zctx, inproc, publisher):
     with publisher(inproc[0], count=3):
-        exc = fail(zctx, endpoint=inproc[0], expect={"BlockStored": 1, "AllBlocksCleared": 2}, timeout=1.0)
+        exc = fail(zctx, endpoint=inproc[0], expect={"BlockStored": 1, "AllBlocksCleared": 2}, timeout=1.0,
+                   ready=lambda check: check.stats.batches == 3)
     assert exc.msg.startswith("Expectations not met within 1.0s (3 batches received): AllBlocksCleared 0/2.")
 
 
@@ -135,7 +147,8 @@ def test_removed_after_stored(zctx, inproc, publisher):
     assert facts["removed_after_stored"] >= 1
     # A fresh endpoint: the first publisher's inproc name is released by libzmq's reaper thread, maybe not yet.
     with publisher(inproc[0] + "-again", count=2):
-        exc = fail(zctx, endpoint=inproc[0] + "-again", expect_removed_after_stored=True, expect={}, timeout=1.0)
+        exc = fail(zctx, endpoint=inproc[0] + "-again", expect_removed_after_stored=True, expect={}, timeout=1.0,
+                   ready=lambda check: check.stats.batches == 2)
     assert "no BlockRemoved for a block stored during the check" in exc.msg
 
 
@@ -185,8 +198,9 @@ def test_bind_nobody_connects(zctx, inproc):
 @pytest.mark.parametrize("publisher_binds", [True, False])
 def test_connected_but_silent(zctx, publisher, publisher_binds):
     endpoint = "tcp://127.0.0.1:%d" % free_port()  # inproc sockets report no connection events: use TCP here
-    with publisher(endpoint, bind=publisher_binds, count=0, wait_subscriber=0, linger=3):
-        exc = fail(zctx, endpoint=endpoint, timeout=0.5, socket_mode="connect" if publisher_binds else "bind")
+    with publisher(endpoint, bind=publisher_binds, count=0, wait_subscriber=0):
+        exc = fail(zctx, endpoint=endpoint, timeout=0.5, socket_mode="connect" if publisher_binds else "bind",
+                   ready=lambda check: all(s.connected for s in check.streams))
     assert exc.facts["peer_connected"] == [True]
     assert "although a publisher connected" in exc.msg
 
@@ -254,7 +268,7 @@ def test_invalid_parameters(zctx, kw, msg):
     kw.setdefault("endpoint", "inproc://nothing")
     exc = fail(zctx, **kw)
     assert msg in exc.msg
-    assert exc.facts["elapsed"] < 0.5  # refused before any socket waits
+    assert exc.facts["peer_connected"] == []  # refused before any socket opened, so before any wait
     assert exc.facts["counts"] == {"BlockStored": 0, "BlockRemoved": 0, "AllBlocksCleared": 0}  # the facts of a check that heard nothing
 
 
@@ -318,7 +332,7 @@ def test_trigger_sent_after_connection(zctx, inproc, publisher):
                           "/v1/completions": {"usage": {"prompt_tokens": 57, "prompt_tokens_details": {"cached_tokens": 32}}}}, calls)
     check = KVEventsCheck(params(endpoint=inproc[0], trigger={"url": "http://x:8000/", "api_key": "k", "headers": {"X-A": "1"},
                                                               "delay": 0.05}), ctx=zctx, client_class=client)
-    with publisher(inproc[0], count=3, wait_subscriber=5):
+    with publisher(inproc[0], count=3):
         facts = check.run()
     assert calls[0] == ("init", "http://x:8000", "k", {"X-A": "1"})
     assert [c[0] for c in calls[1:]] == ["/v1/models", "/v1/completions"]
@@ -426,7 +440,7 @@ def test_tail_of_a_burst_repaired_through_replay(zctx, inproc, publisher):
 
 def test_tail_of_a_burst_lost_without_replay(zctx, inproc, publisher):
     with publisher(inproc[0], count=8, drop_tail=3):
-        exc = fail(zctx, endpoint=inproc[0], expect={"BlockStored": 8}, timeout=1.5)
+        exc = fail(zctx, endpoint=inproc[0], expect={"BlockStored": 8}, timeout=1.5, ready=lambda check: check.stats.batches == 5)
     assert "Expectations not met within 1.5s (5 batches received): BlockStored 5/8." in exc.msg
 
 
@@ -441,7 +455,7 @@ def test_default_expectation_requires_a_block_stored(zctx, inproc, publisher):
     # Batches arrive, but none stores a block: the default expect (BlockStored: 1) is not met.
     cleared = synth.encode_batch([{"type": "AllBlocksCleared"}])
     with publisher(inproc[0], count=3, payload=cleared):
-        exc = fail(zctx, endpoint=inproc[0], timeout=1.0)  # expect left at its default
+        exc = fail(zctx, endpoint=inproc[0], timeout=1.0, ready=lambda check: check.stats.batches == 3)  # expect left at its default
     assert exc.msg == "Expectations not met within 1.0s (3 batches received): BlockStored 0/1."
 
 
@@ -456,8 +470,11 @@ def test_bind_mode_sets_the_backlog_aside(zctx, inproc, publisher):
             hold.set()
             return client.post_json(self, path, body)
 
+    # The trigger goes 0.3 s after the first batch; the clock waits at 0.25 s until the three batches before it arrived.
+    clock = GatedClock(0.25)
     check = KVEventsCheck(params(endpoint=inproc[0], socket_mode="bind", expect={"BlockStored": 2},
-                                 trigger={"url": "http://x", "model": "m", "delay": 0.3}), ctx=zctx, client_class=Trigger)
+                                 trigger={"url": "http://x", "model": "m", "delay": 0.3}), ctx=zctx, client_class=Trigger, clock=clock)
+    clock.ready = lambda: check.stats.batches >= 3
     with publisher(inproc[0], bind=False, count=5, hold_at=3, hold=hold):
         facts = check.run()
     assert facts["trigger"]["sent"] is True

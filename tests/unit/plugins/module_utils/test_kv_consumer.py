@@ -26,6 +26,7 @@ from ansible_collections.inference_cache.substrate.plugins.module_utils.kv impor
 from ansible_collections.inference_cache.substrate.plugins.module_utils.kv.events import KVDecoder
 from ansible_collections.inference_cache.substrate.plugins.module_utils.kv.report import KVStats
 from ansible_collections.inference_cache.substrate.plugins.module_utils.kv.stream import SequenceTracker
+from ansible_collections.inference_cache.substrate.tests.unit.plugins import waiting
 from ansible_collections.inference_cache.substrate.tests.unit.plugins.sentences import assert_one_sentence
 from ansible_collections.inference_cache.substrate.tools import _kv_synthetic as synth
 
@@ -134,17 +135,20 @@ class CountingPublisher(synth.SyntheticPublisher):
 
 
 def answered(pub, expected):
-    """The replay requests the publisher answered, once it counted ``expected`` (it counts after sending the answer)."""
-    until = time.monotonic() + 5
-    while pub.requests < expected and time.monotonic() < until:
-        time.sleep(0.01)
-    time.sleep(0.05)  # one more would have shown by now
+    """The replay requests the publisher answered, once it counted ``expected`` (it counts after sending the answer, so just
+    after the consumer read it). Every request of these tests comes from a call that has returned, so no later one can
+    still arrive: the count is final once it got there."""
+    waiting.until(lambda: pub.requests >= expected, what="the publisher's count of %d replay requests" % expected)
     return pub.requests
 
 
 @pytest.fixture
-def replay_server(zctx, inproc):
-    """A replay endpoint holding batches 0..8 of topic kv@a:1@m (none of them sent live), served from a thread."""
+def replay_server(zctx, inproc, monkeypatch):
+    """A replay endpoint holding batches 0..8 of topic kv@a:1@m (none of them sent live), served from a thread.
+
+    A replay ends at the endpoint's end marker; the idle limit after which the consumer gives a silent endpoint up becomes a
+    generous bound, so a thread slow to answer on a loaded machine is waited for."""
+    monkeypatch.setattr(kvc, "TAIL_IDLE", waiting.BOUND)
     pub = CountingPublisher(inproc[0], replay_endpoint=inproc[1], topic="kv@a:1@m", ctx=zctx)
     for _seq in range(9):
         pub.publish(drop=True)
@@ -167,13 +171,13 @@ def test_replay_choices(zctx, replay_server):
     cons, hook = consumer(ctx=zctx)
     src = kvc.Source("inproc://x", topic="kv@", replay_endpoint=endpoint, name="s")
     answers = {0: kvc.SKIP, 1: kvc.TAKE, 2: kvc.LAST, 3: kvc.TAKE}
-    assert cons.replay(src, 0, time.monotonic() + 5, lambda topic, seq: answers[seq]) is None
+    assert cons.replay(src, 0, time.monotonic() + waiting.BOUND, lambda topic, seq: answers[seq]) is None
     assert [(c[1], c[2]) for c in hook.calls] == [(1, False), (2, False)]   # LAST takes 2, then asks for nothing more
     del hook.calls[:]
-    assert cons.replay(src, 3, time.monotonic() + 5, lambda topic, seq: kvc.STOP if seq == 5 else kvc.TAKE) is None
+    assert cons.replay(src, 3, time.monotonic() + waiting.BOUND, lambda topic, seq: kvc.STOP if seq == 5 else kvc.TAKE) is None
     assert [c[1] for c in hook.calls] == [3, 4] and answered(pub, 2) == 2
     other = kvc.Source("inproc://x", topic="kv@b", replay_endpoint=endpoint)
-    assert cons.replay(other, 0, time.monotonic() + 5, lambda topic, seq: kvc.TAKE) is None
+    assert cons.replay(other, 0, time.monotonic() + waiting.BOUND, lambda topic, seq: kvc.TAKE) is None
     assert other.tally.other_topics == {"kv@a:1@m": 9} and [c[1] for c in hook.calls] == [3, 4]
 
 
@@ -192,11 +196,11 @@ def test_gaps_of_a_stream_repaired_in_one_request_then_its_tail(zctx, replay_ser
     for seq in (0, 1, 3, 4, 6):
         cons.receive(src, frames(seq))
     assert [g["start"] for g in cons.tracker.gaps] == [2, 5] and cons.gap_since is not None
-    cons.catch_up(time.monotonic() + 5, tail=False)
+    cons.catch_up(time.monotonic() + waiting.BOUND, tail=False)
     assert answered(pub, 1) == 1 and cons.gap_since is None
     assert [(c[1], c[2]) for c in hook.calls if not c[2]] == [(2, False), (5, False)]
     assert all(g["repaired"] and g["still_missing"] == 0 for g in cons.tracker.gaps)
-    cons.catch_up(time.monotonic() + 5, tail=True)
+    cons.catch_up(time.monotonic() + waiting.BOUND, tail=True)
     assert answered(pub, 2) == 2 and [c[1] for c in hook.calls if not c[2]] == [2, 5, 7, 8]
     assert cons.tracker.facts()["gaps"]["tail"] == {"found": 1, "batches": 2}
     cons.receive(src, frames(8))   # the live copy of a replayed batch, late: a duplicate

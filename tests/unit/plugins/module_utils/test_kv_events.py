@@ -10,7 +10,6 @@ from __future__ import absolute_import, division, print_function
 __metaclass__ = type  # pylint: disable=invalid-name
 
 import json
-import time
 
 import msgspec
 import pytest
@@ -406,17 +405,29 @@ def test_streams_and_topics_are_bounded():
 
 
 def test_frames_above_the_size_bound_are_refused_by_libzmq():
+    """An XPUB publisher sees the subscription arrive, and its withdrawal when libzmq drops the subscriber's connection for a
+    frame above its bound: the test waits for one of those events, never for a time."""
     ctx = zmq.Context()
     try:
-        pub = ctx.socket(zmq.PUB)
-        port = pub.bind_to_random_port("tcp://127.0.0.1")
         results = []
         for max_frame in (4096, 0):  # with the bound, then without
+            pub = ctx.socket(zmq.XPUB)
+            port = pub.bind_to_random_port("tcp://127.0.0.1")
             sub, _mon = kvz.open_socket(ctx, zmq.SUB, "tcp://127.0.0.1:%d" % port, bind=False, max_frame=max_frame)
-            time.sleep(0.3)  # subscription propagates
+            assert pub.poll(60000) and pub.recv() == b"\x01"   # subscribed
             pub.send_multipart([b"kv", b"\x00" * 8, b"\x00" * 10000])
-            results.append(bool(sub.poll(1000)))
+            poller = zmq.Poller()
+            poller.register(pub, zmq.POLLIN)
+            poller.register(sub, zmq.POLLIN)
+            ready = dict(poller.poll(60000))
+            assert ready, "neither the message nor the subscriber's withdrawal arrived"
+            if sub in ready:
+                results.append(True)       # delivered
+            else:
+                assert pub.recv() == b"\x00"   # the subscription withdrawn: the connection was dropped
+                results.append(False)
             sub.close(0)
+            pub.close(0)
         assert results == [False, True]
         assert kvz.MAX_FRAME > kv.MAX_PAYLOAD
     finally:

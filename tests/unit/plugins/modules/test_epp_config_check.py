@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 from ansible_collections.inference_cache.substrate.plugins.modules import epp_config_check, gpu_memory_plan
 from ansible_collections.inference_cache.substrate.tests.unit.plugins.modules.utils import AnsibleExitJson, AnsibleFailJson, run_module
 from ansible_collections.inference_cache.substrate.tests.unit.plugins.module_utils.test_epp_config import ENGINE, PRECISE
+from ansible_collections.inference_cache.substrate.tests.unit.plugins.module_utils.test_epp_gie import ROLE as GIE_ROLE
 from ansible_collections.inference_cache.substrate.tests.unit.plugins.module_utils.test_epp_properties import JUNK, NOISE
 
 
@@ -191,6 +192,51 @@ def test_unreadable_and_invalid_inputs(tmp_path):
     assert missing["msg"].startswith("Cannot read the EndpointPickerConfig file")
     broken = run(epp_config_check, {"config": "plugins: [unclosed"}, AnsibleFailJson)
     assert broken["msg"].startswith("The EndpointPickerConfig is not valid YAML")
+
+
+# --- router_impl gie and text that is not YAML ---------------------------------------------------------------------------
+
+def test_a_gie_config_passes_with_router_impl_gie(tmp_path, warned):
+    path = tmp_path / "epp.yaml"
+    path.write_text(yaml.safe_dump(GIE_ROLE))
+    result = run(epp_config_check, {"path": str(path), "router_impl": "gie", "mode": "approximate"})
+    assert result["router_impl"] == "gie" and result["router_version"] == "v1.4.0"
+    assert result["epp_starts"] is True and result["findings"] == [] and warned == []
+    assert run(epp_config_check, {"config": PRECISE})["router_impl"] == "llm-d"
+
+
+@pytest.mark.parametrize("args,msg", [
+    ({"config": PRECISE, "router_impl": "gie"},
+     "The EndpointPickerConfig has 1 problem(s): apiVersion llm-d.ai/v1alpha1 is llm-d-router's; GIE v1.4.0 registers "
+     "EndpointPickerConfig only under inference.networking.x-k8s.io/v1alpha1, so it cannot decode this config and does not start "
+     "(check it with router_impl llm-d)."),
+    ({"config": GIE_ROLE, "router_impl": "gie", "router_version": "v0.9.0"},
+     "The EndpointPickerConfig has 1 problem(s): router_version 'v0.9.0' is not one this collection encodes for router_impl gie (v1.4.0)."),
+    ({"config": GIE_ROLE, "router_impl": "gie", "mode": "precise"},
+     "The EndpointPickerConfig has 1 problem(s): mode precise needs a KV-event consumer, and GIE v1.4.0 has none (approximate "
+     "prefix-cache scoring only); use router_impl llm-d for precise routing."),
+], ids=["llm-d-config-as-gie", "llm-d-version-for-gie", "precise-with-gie"])
+def test_gie_refusals_are_one_sentence(args, msg):
+    result = run(epp_config_check, args, AnsibleFailJson)
+    assert result["msg"] == msg and result["router_impl"] == "gie"
+
+
+def test_router_impl_choices():
+    result = run(epp_config_check, {"config": PRECISE, "router_impl": "envoy"}, AnsibleFailJson)
+    assert result["msg"].startswith("value of router_impl must be one of: llm-d, gie")
+
+
+@pytest.mark.parametrize("impl,router", [(None, "llm-d-router v0.9.0"), ("gie", "GIE v1.4.0")])
+def test_invalid_yaml_does_not_start_the_epp(tmp_path, impl, router):
+    path = tmp_path / "epp.yaml"
+    path.write_text("plugins: [unclosed\n")
+    for args in ({"config": "plugins: [unclosed"}, {"path": str(path)}):
+        if impl:
+            args["router_impl"] = impl
+        result = run(epp_config_check, args, AnsibleFailJson)
+        assert result["epp_starts"] is False and [f["kind"] for f in result["findings"]] == ["refused"]
+        assert result["msg"] == result["problems"][0] == result["findings"][0]["sentence"]
+        assert result["msg"].startswith("The EndpointPickerConfig is not valid YAML, so %s cannot decode it and does not start: " % router)
 
 
 LLAMA_8B = {"num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8, "hidden_size": 4096, "torch_dtype": "bfloat16"}

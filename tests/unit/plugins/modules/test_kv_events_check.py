@@ -23,6 +23,7 @@ from ansible_collections.inference_cache.substrate.plugins.modules import kv_eve
 from ansible_collections.inference_cache.substrate.tests.unit.plugins.modules.utils import run_module as run
 from ansible_collections.inference_cache.substrate.tests.unit.plugins.net_utils import free_port
 from ansible_collections.inference_cache.substrate.tests.unit.plugins.sentences import assert_one_sentence
+from ansible_collections.inference_cache.substrate.tests.unit.plugins.waiting import GatedClock
 
 
 def run_module(args, check_mode=False):
@@ -33,7 +34,7 @@ def run_module(args, check_mode=False):
 def test_success_connect_mode(publisher, check_mode):
     ep = "tcp://127.0.0.1:%d" % free_port()
     with publisher(ep, bind=True, topic="kv-events", count=4):
-        ok, res = run_module({"endpoint": ep, "topic": "kv", "timeout": 5, "settle": 0.2, "expect": {"BlockStored": 4}}, check_mode)
+        ok, res = run_module({"endpoint": ep, "topic": "kv", "timeout": 60, "settle": 0.2, "expect": {"BlockStored": 4}}, check_mode)
     assert ok, res
     assert res["changed"] is False
     assert res["counts"]["BlockStored"] == 4 and res["engine"] == "vllm"
@@ -46,28 +47,47 @@ def test_success_connect_mode(publisher, check_mode):
 def test_success_bind_mode_with_replay(publisher):
     ep, rep = "tcp://127.0.0.1:%d" % free_port(), "tcp://127.0.0.1:%d" % free_port()
     with publisher(ep, bind=False, replay_endpoint=rep, count=6, drop_at={2}):
-        ok, res = run_module({"endpoint": ep, "socket_mode": "bind", "replay_endpoint": rep, "timeout": 5, "settle": 0.2,
+        ok, res = run_module({"endpoint": ep, "socket_mode": "bind", "replay_endpoint": rep, "timeout": 60, "settle": 0.2,
                               "expect": {"BlockStored": 6}})
     assert ok, res
     assert res["gaps"]["repaired"] == 1
 
 
+# (name, module arguments, publisher arguments, the sentence, what must have arrived before the check's timeout may end it)
 FAILURES = [
-    ("nothing-bound", {"timeout": 0.3}, None, "the connection never completed, so nothing is bound there"),
-    ("nobody-connects", {"timeout": 0.3, "socket_mode": "bind"}, None, "no publisher connected"),
-    ("topic-mismatch", {"timeout": 1.0, "topic": "kv@"}, {"topic": "kv-events"}, "but messages arrived under topic 'kv-events'"),
-    ("unmet", {"timeout": 1.0, "expect": {"AllBlocksCleared": 1}}, {}, "Expectations not met within 1.0s"),
-    ("gap", {"timeout": 2.0}, {"drop_at": {1}}, "1 sequence gap left 1 batch missing"),
-    ("malformed", {"timeout": 2.0}, {"malformed_at": {0}}, "were malformed; first: the payload is not valid msgpack"),
-    ("bad-expect", {"expect": {"Nope": 1}}, None, "expect names an unknown event type 'Nope'"),
-    ("wildcard-connect", {"endpoint": "tcp://*:1"}, None, "an endpoint with '*' can only be bound"),
+    ("nothing-bound", {"timeout": 0.3}, None, "the connection never completed, so nothing is bound there", None),
+    ("nobody-connects", {"timeout": 0.3, "socket_mode": "bind"}, None, "no publisher connected", None),
+    ("topic-mismatch", {"timeout": 1.0, "topic": "kv@"}, {"topic": "kv-events"}, "but messages arrived under topic 'kv-events'",
+     lambda check: sum(check.stats.other_topics.values()) == 3),
+    ("unmet", {"timeout": 1.0, "expect": {"AllBlocksCleared": 1}}, {}, "Expectations not met within 1.0s (3 batches received)",
+     lambda check: check.stats.batches == 3),
+    ("gap", {"timeout": 2.0}, {"drop_at": {1}}, "1 sequence gap left 1 batch missing", lambda check: check.stats.batches == 2),
+    ("malformed", {"timeout": 2.0}, {"malformed_at": {0}}, "were malformed; first: the payload is not valid msgpack",
+     lambda check: check.stats.malformed == 1 and check.stats.batches == 2),
+    ("bad-expect", {"expect": {"Nope": 1}}, None, "expect names an unknown event type 'Nope'", None),
+    ("wildcard-connect", {"endpoint": "tcp://*:1"}, None, "an endpoint with '*' can only be bound", None),
 ]
 
 
-@pytest.mark.parametrize("args,pub,msg", [f[1:] for f in FAILURES], ids=[f[0] for f in FAILURES])
-def test_failures(publisher, args, pub, msg):
+def gate_the_timeout(monkeypatch, timeout, ready):
+    """The module's check, its timeout gated on ``ready(check)`` (``waiting.GatedClock``): the sentence a check ends with at its
+    timeout counts what arrived, so the timeout may end it only once what the publisher sent is there."""
+    base = kv_events_check.KVEventsCheck
+
+    def gated(params, **kwargs):
+        clock = GatedClock(0.9 * timeout)
+        check = base(params, clock=clock, **kwargs)
+        clock.ready = lambda: ready(check)
+        return check
+    monkeypatch.setattr(kv_events_check, "KVEventsCheck", gated)
+
+
+@pytest.mark.parametrize("args,pub,msg,ready", [f[1:] for f in FAILURES], ids=[f[0] for f in FAILURES])
+def test_failures(publisher, monkeypatch, args, pub, msg, ready):
     ep = "tcp://127.0.0.1:%d" % free_port()
     args = dict({"endpoint": ep, "settle": 0.2}, **args)
+    if ready is not None:
+        gate_the_timeout(monkeypatch, args["timeout"], ready)
     if pub is None:
         ok, res = run_module(args)
     else:
@@ -81,7 +101,7 @@ def test_failures(publisher, args, pub, msg):
 
 def test_bind_in_use(publisher):
     ep = "tcp://127.0.0.1:%d" % free_port()
-    with publisher(ep, bind=True, count=0, wait_subscriber=0, linger=2):
+    with publisher(ep, bind=True, count=0, wait_subscriber=0):
         ok, res = run_module({"endpoint": ep, "socket_mode": "bind", "timeout": 0.5})
     assert not ok and "the address is already in use" in res["msg"]
 
@@ -135,7 +155,7 @@ def fake_openai():
 def test_trigger_through_open_url(publisher, fake_openai):
     ep = "tcp://127.0.0.1:%d" % free_port()
     with publisher(ep, bind=True, count=2):
-        ok, res = run_module({"endpoint": ep, "timeout": 10, "settle": 0.2,
+        ok, res = run_module({"endpoint": ep, "timeout": 60, "settle": 0.2,
                               "trigger": {"url": fake_openai, "api_key": "sekrit", "prompt": "hello " * 40, "delay": 0.1}})
     assert ok, res
     assert res["trigger"] == {"sent": True, "url": fake_openai + "/v1/completions", "status": 200, "model": "tiny",
@@ -147,7 +167,7 @@ def test_trigger_through_open_url(publisher, fake_openai):
 def test_trigger_http_error_message(publisher):
     ep = "tcp://127.0.0.1:%d" % free_port()
     with publisher(ep, bind=True, count=2):
-        ok, res = run_module({"endpoint": ep, "timeout": 5, "trigger": {"url": "http://127.0.0.1:%d" % free_port(), "model": "m"}})
+        ok, res = run_module({"endpoint": ep, "timeout": 60, "trigger": {"url": "http://127.0.0.1:%d" % free_port(), "model": "m"}})
     assert not ok and res["msg"].startswith("The trigger request failed: Cannot reach http://127.0.0.1:")
     assert res["trigger"]["sent"] is True and res["peer_connected"] == [True] and "counts" in res
 
@@ -210,4 +230,4 @@ def test_wrong_types_and_shapes_fail_with_one_sentence(case):
     if not msg.startswith(ANSIBLE_OWN):  # ansible-core's own argument messages have their own form
         assert msg.endswith(".") and not re.search(r"[.!?]\s+[A-Z]", msg), "not one sentence: %r" % msg
     assert name.split("_after")[0] in msg or name in msg, msg  # the sentence names the option
-    assert res.get("elapsed", 0.0) < 0.3, msg  # refused before waiting for the stream
+    assert res.get("peer_connected", []) == [], msg  # refused before a socket opened, so before waiting for the stream

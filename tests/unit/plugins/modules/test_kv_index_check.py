@@ -12,6 +12,7 @@ __metaclass__ = type  # pylint: disable=invalid-name
 import contextlib
 
 import pytest
+from ansible.module_utils import basic
 
 from ansible_collections.inference_cache.substrate.plugins.modules import kv_index_check
 from ansible_collections.inference_cache.substrate.tests.unit.plugins.kv_index_fake import FakeEngine
@@ -29,7 +30,8 @@ def engines_args(**engine_kwargs):
             engine = stack.enter_context(FakeEngine(port, "tcp://127.0.0.1:%d" % free_port(), "kv@127.0.0.1:%d@tiny" % port, **engine_kwargs))
             specs.append({"name": "e%d" % idx, "url": engine.url, "endpoint": engine.endpoint, "topic": engine.topic.decode(),
                           "api_key": "secret-%d" % idx})
-        yield {"engines": specs, "settle": 0.05, "event_wait": 2.0, "timeout": 60,
+        # event_wait and timeout are bounds: the check waits for each request's events (a condition), never for a time.
+        yield {"engines": specs, "settle": 0.05, "event_wait": 60.0, "timeout": 300,
                "workload": {"families": 4, "rounds": 8, "preamble_words": 6, "prefix_words": 18, "suffix_words": 6},
                "expect": {"min_requests": 30, "min_evictions_per_engine": 1}}
 
@@ -46,6 +48,37 @@ def test_passes_and_reports_side_by_side(check_mode):
     assert "secret-0" not in repr(res)
     for key in ("largest_error", "mismatches", "routing", "approximate", "summary", "block_size", "model", "steps", "elapsed"):
         assert key in res
+
+
+@pytest.fixture
+def warned(monkeypatch):
+    """What the module passed to AnsibleModule.warn (exit_json is patched, so the result never carries 'warnings')."""
+    seen = []
+    monkeypatch.setattr(basic.AnsibleModule, "warn", lambda self, message: seen.append(message))
+    return seen
+
+
+def test_an_engine_restarted_in_place_is_a_warning(warned):
+    """e1 starts again in place after its 5th request (empty cache, sequence from 0, no AllBlocksCleared): the check stays exact
+    and the module warns, in one sentence, that the llm-d EPP v0.9.0 keeps its old blocks."""
+    with engines_args(num_blocks=24, restart_after=5) as args:
+        ok, res = run(kv_index_check, args)
+    assert ok, res.get("msg")
+    assert res["restarted_engines"] == ["e0", "e1"] and res["exact"] + res["restart_misses"] == res["requests"]
+    assert warned == [res["restart_warning"]]
+    assert assert_one_sentence(warned[0]) == (
+        "Engines e0 and e1 restarted in place during the check (their KV-event sequences started again); llm-d-kv-cache v0.9.0 keeps "
+        "a restarted engine's old blocks until the pod is replaced, so a precise llm-d EPP may route to blocks those engines no longer "
+        "hold: replace the pod (delete it so its Deployment creates a new one with a new address) rather than restart its container.")
+
+
+def test_no_restart_no_warning(warned):
+    with engines_args(num_blocks=24) as args:
+        args["workload"] = dict(args["workload"], rounds=2)
+        args["expect"] = {"min_requests": 1}
+        ok, res = run(kv_index_check, args)
+    assert ok, res.get("msg")
+    assert res["restarted_engines"] == [] and res["restart_warning"] is None and res["restart_misses"] == 0 and warned == []
 
 
 def test_fails_with_one_sentence_when_events_are_withheld():

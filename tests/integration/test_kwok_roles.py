@@ -1,0 +1,271 @@
+# -*- coding: utf-8 -*-
+# Copyright (c) inference_cache.substrate contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+"""model_server and cluster_verify against a real API server: a kwok cluster of roles/kwok_cluster (issue 28).
+
+* model_server and ``.spec.replicas`` owned by another field manager (an autoscaler, ``kubectl scale``; here the scale
+  subresource patched with field manager ``hpa-test``, as both do): with ``model_server_replicas_managed_externally`` the
+  role leaves the field alone (changed=0, no error, the other manager's count kept); without it the role stops with one
+  sentence naming that manager and the variable, and never forces the field back. Leaving a count the role's own apply
+  held keeps it (no reset to the API's default of 1), and a Deployment the role creates gets its first size once.
+* cluster_verify: after a run the verifier Job (with its pod) and ConfigMap are gone unless ``cluster_verify_keep_job``;
+  a second run reports changed=0. (kwok runs no container, so the Job's pod leaves no report: ``cluster_verify_simulated_nodes``
+  warn.)
+
+The cluster has a name and ports of its own (``SUBSTRATE_KWOK_ROLES_NAME``, ``SUBSTRATE_KWOK_ROLES_API_PORT``: the other
+five ports follow the API port) and the binaries of the same state folder as test_kwok_cluster.py (built once per
+version; a run that finds a build in progress waits on its lock, as make test's go-build stage and test_kwok_cluster.py
+may both be building them). Without Go and without the binaries, the tests that need the cluster skip with that reason.
+"""
+
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type  # pylint: disable=invalid-name
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+NAME = os.environ.get("SUBSTRATE_KWOK_ROLES_NAME", "substrate-kwok-roles")
+API_PORT = int(os.environ.get("SUBSTRATE_KWOK_ROLES_API_PORT", "18443"))
+PORTS = {"kwok_cluster_api_port": API_PORT, "kwok_cluster_etcd_port": API_PORT - 64, "kwok_cluster_etcd_peer_port": API_PORT - 63,
+         "kwok_cluster_controller_manager_port": API_PORT - 186, "kwok_cluster_scheduler_port": API_PORT - 184,
+         "kwok_cluster_kwok_port": API_PORT - 196}
+STATE_DIR = os.path.join(os.environ.get("HOME", "/root"), ".cache", "inference_cache", "kwok_cluster")
+with open(os.path.join(ROOT, "vars", "pinned_versions.yml")) as _handle:
+    TOOLS = yaml.safe_load(_handle)["tools"]
+# The builds a running cluster needs (roles/kwok_cluster: bin/<build>-<version>/).
+BUILDS = {"kubernetes": ["kube-apiserver", "kube-controller-manager", "kube-scheduler"], "etcd": ["etcd"], "kwok": ["kwok"]}
+OTHER_MANAGER = "hpa-test"
+PLAYBOOK = """
+- hosts: localhost
+  gather_facts: false
+  tasks:
+    - name: The role under test
+      ansible.builtin.include_role:
+        name: "inference_cache.substrate.{{ _test_role }}"
+"""
+
+
+def _missing_binaries():
+    return ["%s-%s/%s" % (build, TOOLS[build], binary) for build, binaries in sorted(BUILDS.items()) for binary in binaries
+            if not os.path.isfile(os.path.join(STATE_DIR, "bin", "%s-%s" % (build, TOOLS[build]), binary))]
+
+
+def _go_version():
+    go = shutil.which("go")
+    if not go:
+        return None
+    out = subprocess.run([go, "env", "GOVERSION"], stdout=subprocess.PIPE, universal_newlines=True, check=False).stdout
+    match = re.match(r"go(\d+)\.(\d+)", out.strip())
+    return (int(match.group(1)), int(match.group(2))) if match else None
+
+
+def _env():
+    return dict(os.environ, ANSIBLE_CONFIG=os.path.join(ROOT, "ansible.cfg"), ANSIBLE_FORCE_COLOR="0", ANSIBLE_NOCOLOR="1",
+                ANSIBLE_DEPRECATION_WARNINGS="0")
+
+
+def run_role(tmp_path, role, *extra_args, **variables):
+    """One ansible-playbook run of one role on localhost: (returncode, output, PLAY RECAP counts)."""
+    playbook = tmp_path / "role.yml"
+    playbook.write_text(PLAYBOOK)
+    variables = dict(variables, _test_role=role, ansible_python_interpreter=sys.executable)
+    cmd = [os.path.join(os.path.dirname(sys.executable), "ansible-playbook"), "-i", "localhost,", "-c", "local", str(playbook),
+           "-e", json.dumps(variables)] + list(extra_args)
+    proc = subprocess.run(cmd, cwd=ROOT, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, universal_newlines=True,
+                          check=False)
+    recap = re.search(r"localhost\s+:\s+ok=(\d+)\s+changed=(\d+)\s+unreachable=(\d+)\s+failed=(\d+)", proc.stdout)
+    counts = dict(zip(("ok", "changed", "unreachable", "failed"), map(int, recap.groups()))) if recap else {}
+    return proc.returncode, proc.stdout, counts
+
+
+def _kwok(tmp_path, **extra):
+    variables = dict(PORTS, kwok_cluster_name=NAME, kwok_cluster_builds=sorted(BUILDS), kwok_cluster_build_helm=False)
+    variables.update(extra)
+    return run_role(tmp_path, "kwok_cluster", **variables)
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    missing = _missing_binaries()
+    if missing and not _go_version():
+        pytest.skip("the kwok cluster's binaries are not built (missing under %s/bin: %s) and there is no go on PATH to build "
+                    "them from the Go module proxy (Go 1.24+; make go-build)" % (STATE_DIR, ", ".join(missing)))
+    tmp = tmp_path_factory.mktemp("kwok-roles")
+    code, output, unused_counts = _kwok(tmp)
+    assert code == 0, output[-6000:]
+    kubeconfig = os.path.join(STATE_DIR, "clusters", NAME, "kubeconfig")
+    assert os.path.isfile(kubeconfig), output[-4000:]
+    from kubernetes import config  # pylint: disable=import-outside-toplevel
+    try:
+        yield {"tmp": tmp, "kubeconfig": kubeconfig, "context": "kwok-" + NAME, "api": config.new_client_from_config(kubeconfig)}
+    finally:
+        code, output, unused_counts = _kwok(tmp, kwok_cluster_state="absent")
+        assert code == 0, output[-4000:]
+
+
+def engines(cluster, namespace, name, **extra):
+    """model_server variables for an engine Deployment of its own on the kwok cluster (one namespace per test)."""
+    variables = {"model_server_kubeconfig": cluster["kubeconfig"], "model_server_kube_context": cluster["context"],
+                 "model_server_allow_unpinned_images": True, "model_server_namespace": namespace, "model_server_name": name,
+                 "model_server_replicas": 2, "model_server_max_model_len": 2048, "model_server_wait_timeout": 180}
+    variables.update(extra)
+    return variables
+
+
+def _apps(cluster):
+    from kubernetes import client  # pylint: disable=import-outside-toplevel
+    return client.AppsV1Api(cluster["api"])
+
+
+def deployment(cluster, namespace, name):
+    return _apps(cluster).read_namespaced_deployment(name, namespace)
+
+
+def scale_as_another_manager(cluster, namespace, name, replicas):
+    """What an HPA or kubectl scale does: an update of the scale subresource, under a field manager of its own."""
+    _apps(cluster).patch_namespaced_deployment_scale(name, namespace, {"spec": {"replicas": replicas}}, field_manager=OTHER_MANAGER)
+
+
+def replicas_owners(dep):
+    """The field managers whose managed fields hold .spec.replicas."""
+    return sorted({entry.manager for entry in dep.metadata.managed_fields or []
+                   if "f:replicas" in ((entry.fields_v1 or {}).get("f:spec") or {})})
+
+
+def _sentence(output):
+    return " ".join(output.split())
+
+
+# No cluster needed: what render mode writes.
+@pytest.mark.parametrize("external", [False, True])
+def test_the_rendered_deployment_carries_replicas_unless_managed_externally(tmp_path, external):
+    code, output, unused_counts = run_role(tmp_path, "model_server", model_server_render_dir=str(tmp_path / "out"),
+                                           model_server_allow_unpinned_images=True, model_server_replicas=3,
+                                           model_server_replicas_managed_externally=external)
+    assert code == 0, output[-4000:]
+    with open(str(tmp_path / "out" / "model_server" / "manifests.yaml")) as handle:
+        (dep,) = [doc for doc in yaml.safe_load_all(handle) if doc and doc["kind"] == "Deployment"]
+    if external:
+        assert "replicas" not in dep["spec"], "server-side apply must not claim .spec.replicas"
+    else:
+        assert dep["spec"]["replicas"] == 3
+
+
+def test_replicas_set_by_another_manager_stop_the_role_in_one_sentence_or_are_left_alone(cluster):
+    tmp, ns, name = cluster["tmp"], "kwok-replicas", "engines"
+    code, output, counts = run_role(tmp, "model_server", **engines(cluster, ns, name))
+    assert code == 0 and counts["changed"] > 0, output[-4000:]
+    code, output, counts = run_role(tmp, "model_server", **engines(cluster, ns, name))
+    assert code == 0 and counts["changed"] == 0, output[-4000:]
+    scale_as_another_manager(cluster, ns, name, 3)
+    assert OTHER_MANAGER in replicas_owners(deployment(cluster, ns, name))
+
+    # Not asked: the role stops with one sentence (no traceback) and forces nothing back.
+    code, output, counts = run_role(tmp, "model_server", **engines(cluster, ns, name))
+    assert code != 0 and "Traceback" not in output, output[-4000:]
+    said = _sentence(output)
+    assert ('Deployment kwok-replicas/engines: .spec.replicas belongs to field manager "hpa-test" (such as an autoscaler or kubectl '
+            'scale; it set 3), and server-side apply does not take it back for model_server_replicas=2; set '
+            'model_server_replicas_managed_externally=true to leave the replicas to it, or model_server_replicas=3 to agree with '
+            'it.') in said, output[-4000:]
+    assert deployment(cluster, ns, name).spec.replicas == 3
+
+    # Asked: no error, no change, the other manager's count kept, and the role claims nothing of it.
+    for attempt in (1, 2):
+        code, output, counts = run_role(tmp, "model_server", **engines(cluster, ns, name, model_server_replicas_managed_externally=True))
+        assert code == 0, output[-4000:]
+        assert counts["changed"] == 0, "run %d: %s\n%s" % (attempt, counts, output[-4000:])
+        dep = deployment(cluster, ns, name)
+        assert dep.spec.replicas == 3 and dep.status.ready_replicas == 3, "the rollout wait expects the autoscaler's 3"
+        assert replicas_owners(dep) == [OTHER_MANAGER]
+    # And scaled again while the role is not looking: still nothing to change.
+    scale_as_another_manager(cluster, ns, name, 1)
+    code, output, counts = run_role(tmp, "model_server", **engines(cluster, ns, name, model_server_replicas_managed_externally=True))
+    assert code == 0 and counts["changed"] == 0, output[-4000:]
+    assert deployment(cluster, ns, name).spec.replicas == 1
+
+
+def test_leaving_a_count_the_role_held_keeps_it(cluster):
+    """The role's apply owned .spec.replicas: dropping the field alone would reset it to 1. It is handed over first."""
+    tmp, ns, name = cluster["tmp"], "kwok-handover", "engines"
+    code, output, counts = run_role(tmp, "model_server", **engines(cluster, ns, name))
+    assert code == 0, output[-4000:]
+    assert replicas_owners(deployment(cluster, ns, name)) == ["inference-cache-substrate"]
+    code, output, counts = run_role(tmp, "model_server", **engines(cluster, ns, name, model_server_replicas_managed_externally=True))
+    assert code == 0 and counts["changed"] > 0, output[-4000:]
+    dep = deployment(cluster, ns, name)
+    assert dep.spec.replicas == 2, "never reset to the API's default"
+    assert replicas_owners(dep) == ["inference-cache-substrate-replicas"]
+    code, output, counts = run_role(tmp, "model_server", **engines(cluster, ns, name, model_server_replicas_managed_externally=True))
+    assert code == 0 and counts["changed"] == 0, output[-4000:]
+    scale_as_another_manager(cluster, ns, name, 4)
+    code, output, counts = run_role(tmp, "model_server", **engines(cluster, ns, name, model_server_replicas_managed_externally=True))
+    assert code == 0 and counts["changed"] == 0, output[-4000:]
+    assert deployment(cluster, ns, name).spec.replicas == 4
+    # Back to the role owning the count, at a value the other manager's agrees with: no conflict, the role's count.
+    code, output, counts = run_role(tmp, "model_server", **engines(cluster, ns, name, model_server_replicas=4))
+    assert code == 0, output[-4000:]
+    assert "inference-cache-substrate" in replicas_owners(deployment(cluster, ns, name))
+
+
+def test_a_deployment_created_with_external_replicas_gets_its_first_size_once(cluster):
+    tmp, ns, name = cluster["tmp"], "kwok-new", "engines"
+    variables = engines(cluster, ns, name, model_server_replicas=2, model_server_replicas_managed_externally=True)
+    code, output, counts = run_role(tmp, "model_server", **variables)
+    assert code == 0 and counts["changed"] > 0, output[-4000:]
+    dep = deployment(cluster, ns, name)
+    assert dep.spec.replicas == 2 and replicas_owners(dep) == ["inference-cache-substrate-replicas"]
+    code, output, counts = run_role(tmp, "model_server", **variables)
+    assert code == 0 and counts["changed"] == 0, output[-4000:]
+    scale_as_another_manager(cluster, ns, name, 3)
+    code, output, counts = run_role(tmp, "model_server", **variables)
+    assert code == 0 and counts["changed"] == 0, output[-4000:]
+    assert deployment(cluster, ns, name).spec.replicas == 3
+
+
+def _verifier_objects(cluster, namespace):
+    from kubernetes import client  # pylint: disable=import-outside-toplevel
+    batch, core = client.BatchV1Api(cluster["api"]), client.CoreV1Api(cluster["api"])
+    jobs = [j.metadata.name for j in batch.list_namespaced_job(namespace).items]
+    maps = [c.metadata.name for c in core.list_namespaced_config_map(namespace).items if c.metadata.name == "kv-events-verifier"]
+    pods = [p.metadata.name for p in core.list_namespaced_pod(namespace, label_selector="job-name=kv-events-verifier").items]
+    return jobs, maps, pods
+
+
+def test_the_verifier_leaves_no_job_configmap_or_pod_unless_kept(cluster):
+    tmp, ns = cluster["tmp"], "kwok-verify"
+    code, output, unused_counts = run_role(tmp, "model_server", **engines(cluster, ns, "engines", model_server_replicas=1))
+    assert code == 0, output[-4000:]
+    verify = {"cluster_verify_kubeconfig": cluster["kubeconfig"], "cluster_verify_kube_context": cluster["context"],
+              "cluster_verify_allow_unpinned_images": True, "cluster_verify_simulated_nodes": "warn",
+              "cluster_verify_checks": ["kv_events", "prefix_cache"], "cluster_verify_timeout": 120,
+              "cluster_verify_engine": {"namespace": ns, "kv_events_service": "engines-kv-events", "kv_events_enabled": True,
+                                        "replicas": 1, "image": "docker.io/vllm/vllm-openai-cpu:v0.32.0"}}
+    for attempt in (1, 2):
+        code, output, counts = run_role(tmp, "cluster_verify", **verify)
+        assert code == 0, output[-4000:]
+        assert counts["changed"] == 0, "run %d: %s\n%s" % (attempt, counts, output[-4000:])
+        assert _verifier_objects(cluster, ns) == ([], [], []), "the Job (with its pod) and the ConfigMap are removed"
+        said = _sentence(output)
+        assert ("Job kwok-verify/kv-events-verifier (with its pod) and ConfigMap kwok-verify/kv-events-verifier were removed "
+                "(cluster_verify_keep_job=false); the report is the fact cluster_verify_report") in said, output[-4000:]
+    code, output, counts = run_role(tmp, "cluster_verify", **dict(verify, cluster_verify_keep_job=True))
+    assert code == 0 and counts["changed"] == 0, output[-4000:]
+    jobs, maps, pods = _verifier_objects(cluster, ns)
+    assert (jobs, maps, len(pods)) == (["kv-events-verifier"], ["kv-events-verifier"], 1), "kept for kubectl logs"
+    assert "are kept (cluster_verify_keep_job=true): kubectl logs -n kwok-verify job/kv-events-verifier" in _sentence(output)
+    # The next run without keep_job replaces them and removes them again.
+    code, output, counts = run_role(tmp, "cluster_verify", **verify)
+    assert code == 0 and counts["changed"] == 0, output[-4000:]
+    assert _verifier_objects(cluster, ns) == ([], [], [])
