@@ -922,10 +922,16 @@ def asked_epps(given, env=None):
     return [(None, None)]
 
 
+def _resolve_any_epp():
+    """The EPP resolve_epp picks when no implementation is named, as ((impl, path), why)."""
+    path, impl, why = _epp_local.resolve_epp(None, None)
+    return (impl, path), why
+
+
 def _default_resolvers():
     return {"llm-d": lambda: _epp_local.resolve_binary(given=None),
             "gie": _epp_local.resolve_gie,
-            None: lambda: (lambda path, impl, why: ((impl, path), why))(*_epp_local.resolve_epp(None, None))}
+            None: _resolve_any_epp}
 
 
 def resolve_epps(asked, resolvers=None):

@@ -24,7 +24,8 @@ from a file instead of Kubernetes: the ``file-discovery`` plugin, ``dataLayer.di
 
 ``EPP(binary, config, endpoints, folder, secure=False, confine=True, impl="llm-d", pool=..., kubeconfig=None)``: one
 EPP process over ``endpoints`` (``[(name, address, port)]``; for ``gie``, the InferencePool ``pool`` of ``namespace``
-read through ``kubeconfig``, whose API server it reaches through the bridge too). The EPP listens on every interface (ext_proc 9002, health 9003, metrics 9090) and has no
+read through ``kubeconfig``, whose API server it reaches through the bridge too). The EPP listens on every interface
+(ext_proc 9002, health 9003, metrics 9090) and has no
 bind flag (llm-d-router@v0.9.0:cmd/epp/runner/runner.go), so by default it runs in a network namespace of its own
 (``unshare --net --map-root-user``) whose only interface is loopback: nothing it opens is reachable from the network.
 The engines it must reach (their HTTP port, their KV-event port, the token producer's URL: loopback addresses) and
@@ -561,7 +562,8 @@ class EPP:
             self.proc = self.confined.start(self.env)
         else:
             with open(self.log_path, "w", encoding="utf-8") as log:
-                self.proc = subprocess.Popen(self.cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=self.env)  # pylint: disable=consider-using-with
+                self.proc = subprocess.Popen(  # pylint: disable=consider-using-with
+                    self.cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=self.env)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -655,8 +657,8 @@ class GIEPool:
                     if doc:
                         crd.server_side_apply(body=doc, name=doc["metadata"]["name"], field_manager="inference-cache-substrate", force_conflicts=True)
             self._wait(lambda: self._crd_established(crd), timeout, "the InferencePool CRDs to be established")
-        self._resource("v1", "Namespace").server_side_apply(body={"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": self.namespace}},
-                                                           name=self.namespace, field_manager="inference-cache-substrate")
+        namespace = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": self.namespace}}
+        self._resource("v1", "Namespace").server_side_apply(body=namespace, name=self.namespace, field_manager="inference-cache-substrate")
         for doc in self.objects():
             self._resource(doc["apiVersion"], doc["kind"]).server_side_apply(
                 body=doc, name=doc["metadata"]["name"], namespace=self.namespace, field_manager="inference-cache-substrate")

@@ -324,7 +324,6 @@ summary:
   sample: the EPP's pick held the longest cached prefix on 2 of 2 requests (1 of 1 where an engine held part of the prompt)
 """
 
-from ansible_collections.inference_cache.substrate.plugins.module_utils.common.errors import CheckError
 from ansible_collections.inference_cache.substrate.plugins.module_utils.common.module import run_module
 from ansible_collections.inference_cache.substrate.plugins.module_utils.epp.extproc import EXTPROC_IMPORT_ERROR, HAS_EXTPROC
 from ansible_collections.inference_cache.substrate.plugins.module_utils.epp.route_check import OPTIONS, RouteCheck
@@ -332,23 +331,14 @@ from ansible_collections.inference_cache.substrate.plugins.module_utils.kv.consu
 from ansible_collections.inference_cache.substrate.plugins.module_utils.kv.events import HAS_MSGSPEC, MSGSPEC_IMPORT_ERROR
 
 
-def run(params, module):
-    """The check's facts; an engine that restarted in place is a warning too, on success and on failure."""
-    try:
-        facts = RouteCheck(params).run()
-    except CheckError as exc:
-        if exc.facts.get("restart_warning"):
-            module.warn(exc.facts["restart_warning"])
-        raise
-    if facts["restart_warning"]:
-        module.warn(facts["restart_warning"])
-    return facts
+def run(params, module):  # pylint: disable=unused-argument
+    return RouteCheck(params).run()
 
 
 def main():
     run_module(OPTIONS, run, requirements=[("grpcio and xds-protos", HAS_EXTPROC, EXTPROC_IMPORT_ERROR), ("pyzmq", HAS_ZMQ, ZMQ_IMPORT_ERROR),
                                            ("msgspec", HAS_MSGSPEC, MSGSPEC_IMPORT_ERROR)],
-               facts=lambda params: RouteCheck(params).facts())
+               facts=lambda params: RouteCheck(params).facts(), warn_facts=("restart_warning",))
 
 
 if __name__ == "__main__":

@@ -358,29 +358,19 @@ elapsed:
   sample: 41.2
 """
 
-from ansible_collections.inference_cache.substrate.plugins.module_utils.common.errors import CheckError
 from ansible_collections.inference_cache.substrate.plugins.module_utils.common.module import run_module
 from ansible_collections.inference_cache.substrate.plugins.module_utils.kv.consumer import HAS_ZMQ, ZMQ_IMPORT_ERROR
 from ansible_collections.inference_cache.substrate.plugins.module_utils.kv.events import HAS_MSGSPEC, MSGSPEC_IMPORT_ERROR
 from ansible_collections.inference_cache.substrate.plugins.module_utils.kv.index_check import OPTIONS, KVIndexCheck
 
 
-def run(params, module):
-    """The check's facts; an engine that restarted in place is a warning too, on success and on failure."""
-    try:
-        facts = KVIndexCheck(params).run()
-    except CheckError as exc:
-        if exc.facts.get("restart_warning"):
-            module.warn(exc.facts["restart_warning"])
-        raise
-    if facts["restart_warning"]:
-        module.warn(facts["restart_warning"])
-    return facts
+def run(params, module):  # pylint: disable=unused-argument
+    return KVIndexCheck(params).run()
 
 
 def main():
     run_module(OPTIONS, run, requirements=[("pyzmq", HAS_ZMQ, ZMQ_IMPORT_ERROR), ("msgspec", HAS_MSGSPEC, MSGSPEC_IMPORT_ERROR)],
-               facts=lambda params: KVIndexCheck(params).facts())
+               facts=lambda params: KVIndexCheck(params).facts(), warn_facts=("restart_warning",))
 
 
 if __name__ == "__main__":

@@ -256,3 +256,33 @@ def test_no_unshare_at_all_is_one_sentence(stand_in, tmp_path, monkeypatch):
     with pytest.raises(L.EPPError, match=r"^Cannot confine the EPP to loopback: no unshare command \(util-linux\); install it, or ask "
                        r"for an unconfined EPP, whose ports listen on every interface\.$"):
         L.EPP(stand_in, {"plugins": []}, [("a", "127.0.0.1", 8000)], str(tmp_path))
+
+
+def test_resolve_epp_takes_llm_d_first_then_the_gie_build(tmp_path, monkeypatch):
+    """Which EPP the tests and the bench run: a binary named (of the kind named beside it), llm-d's, else the GIE's."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.delenv("SUBSTRATE_EPP_BINARY", raising=False)
+    monkeypatch.delenv("SUBSTRATE_EPP_IMPL", raising=False)
+    path, impl, why = L.resolve_epp(install=False)
+    assert path is None and impl is None
+    assert why.startswith("No EPP binary given and none at %s" % tmp_path) and "No GIE EPP %s at %s" % (L.GIE_VERSION, tmp_path) in why
+    gie = tmp_path / ".cache" / "inference_cache" / "kwok_cluster" / "bin" / ("gie-%s" % L.GIE_VERSION)
+    gie.mkdir(parents=True)
+    (gie / "epp").write_text("#!/bin/sh\n")
+    (gie / "epp").chmod(0o755)
+    (gie / "inferencepool-crds.yaml").write_text("---\n")
+    assert L.resolve_epp(install=False) == (str(gie / "epp"), "gie", None)
+    named = tmp_path / "llm-d-epp"
+    named.write_text("#!/bin/sh\n")
+    named.chmod(0o755)
+    monkeypatch.setenv("SUBSTRATE_EPP_BINARY", str(named))
+    assert L.resolve_epp(install=False) == (str(named), "llm-d", None)
+    assert L.resolve_epp(impl="gie", install=False) == (str(gie / "epp"), "gie", None)   # an llm-d binary is not a GIE one
+    monkeypatch.setenv("SUBSTRATE_EPP_IMPL", "gie")
+    assert L.resolve_epp(install=False) == (str(named), "gie", None)
+    assert L.resolve_epp(impl="nginx")[2] == "EPP nginx is none this collection knows (gie, llm-d)."
+
+
+def test_a_gie_epp_needs_a_kubeconfig(tmp_path, stand_in):
+    with pytest.raises(L.EPPError, match=r"^The GIE EPP discovers its endpoints through the Kubernetes API only; give the kubeconfig"):
+        L.EPP(stand_in, {}, [("a", "127.0.0.1", 8000)], str(tmp_path), impl="gie")

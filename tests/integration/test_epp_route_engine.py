@@ -35,7 +35,6 @@ import fcntl
 import json
 import os
 import re
-import subprocess
 import sys
 import tempfile
 import urllib.request

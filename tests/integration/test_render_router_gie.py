@@ -46,10 +46,8 @@ with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "k8s_conforma
 PINS = yaml.safe_load(open(R.PINS))
 GIE = "sigs.k8s.io/gateway-api-inference-extension@" + PINS["tools"]["gateway_api_inference_extension"]
 # The module's source in a Go module cache, when one holds it (read-only; never copied).
-UPSTREAM = next((p for p in [os.path.join(root, GIE) for root in (os.environ.get("GOMODCACHE"),
-                                                                    os.path.expanduser("~/.cache/substrate-ci/gomod"),
-                                                                    os.path.expanduser("~/go/pkg/mod")) if root]
-                 if os.path.isdir(p)), None)
+_GOMOD_ROOTS = (os.environ.get("GOMODCACHE"), os.path.expanduser("~/.cache/substrate-ci/gomod"), os.path.expanduser("~/go/pkg/mod"))
+UPSTREAM = next((p for p in [os.path.join(root, GIE) for root in _GOMOD_ROOTS if root] if os.path.isdir(p)), None)
 RELEASE = "inference-cache-router"
 EPP = RELEASE + "-epp"
 NS = "inference-cache"

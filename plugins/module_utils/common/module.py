@@ -86,12 +86,13 @@ def _fail(module, msg, facts):
     module.fail_json(msg=msg, **dict(facts, changed=False))
 
 
-def run_module(table, run, requirements=(), facts=None, **module_kwargs):
+def run_module(table, run, requirements=(), facts=None, warn_facts=(), **module_kwargs):
     """Run one check module: ``run(params, module)`` returns its facts or raises ``CheckError``.
 
     ``requirements``: ``(library name, present?, import traceback)`` triples, checked before anything runs.
     ``facts``: ``facts(params) -> dict``, what every result carries, failures included (a failure's own facts and a
     success's facts take precedence); it sees the options as ``AnsibleModule`` parsed them, before the table's checks.
+    ``warn_facts``: names of facts that, when they hold a sentence, are also a warning of the task, on success and failure.
     """
     module_kwargs.setdefault("supports_check_mode", True)
     module = ansible_module(table, **module_kwargs)
@@ -99,9 +100,16 @@ def run_module(table, run, requirements=(), facts=None, **module_kwargs):
         if not present:
             module.fail_json(msg=missing_required_lib(name), exception=error)
     base = facts(module.params) if facts else {}
+
+    def warn(found):
+        for name in warn_facts:
+            if found.get(name):
+                module.warn(found[name])
     try:
         params = validate(table, module.params)
         result = run(params, module) or {}
     except CheckError as exc:
+        warn(exc.facts)
         _fail(module, exc.msg, dict(base, **exc.facts))
+    warn(result)
     module.exit_json(**dict(dict(base, changed=False), **result))

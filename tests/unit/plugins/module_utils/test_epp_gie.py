@@ -128,8 +128,8 @@ def scorers(*names):
 
 
 def profile(*entries, **options):
-    return [dict({"name": options.get("name", "default"), "plugins": [dict(pluginRef=ref, **({"weight": w} if w is not None else {}))
-                                                                       for ref, w in entries]})]
+    plugins = [dict(pluginRef=ref, **({"weight": w} if w is not None else {})) for ref, w in entries]
+    return [{"name": options.get("name", "default"), "plugins": plugins}]
 
 
 # The router role's render for router_impl gie (its shape: three scorers, a picker, the handler, one weighted profile).
@@ -186,8 +186,9 @@ RUNS = [
     # BlockSize is depricated, use BlockSizeTokens instead, the value should be defined in tokens
     ("prefix-block-size-only", cfg(plugins=[{"type": "prefix-cache-scorer", "parameters": {"blockSize": 64}}]), False,
      ("refused", "sets blockSize (characters, deprecated) without blockSizeTokens")),
-    ("prefix-both-block-sizes", cfg(plugins=[{"type": "prefix-cache-scorer", "parameters": {"blockSize": 64, "blockSizeTokens": 16,
-                                                                                             "autoTune": False}}]), True, None),
+    ("prefix-both-block-sizes",
+     cfg(plugins=[{"type": "prefix-cache-scorer", "parameters": {"blockSize": 64, "blockSizeTokens": 16, "autoTune": False}}]),
+     True, None),
     ("duplicate-name", cfg(plugins=scorers("queue-scorer", "queue-scorer")), False, ("refused", "declared twice")),
     ("no-type", cfg(plugins=[{"name": "x"}]), False, ("refused", "plugins[0] has no type")),
     ("undeclared-ref", cfg(plugins=scorers("queue-scorer"), schedulingProfiles=profile(("nope", None))), False,
@@ -402,10 +403,10 @@ GIE_RULE_CASES = {
     "source-without-ref": cfg(plugins=scorers("queue-scorer"), data={"sources": [{}]}),
     "undeclared-source": cfg(plugins=scorers("queue-scorer"), data={"sources": [{"pluginRef": "nope"}]}),
     "not-a-data-source": cfg(plugins=scorers("queue-scorer"), data={"sources": [{"pluginRef": "queue-scorer"}]}),
-    "extractor-without-ref": cfg(plugins=scorers("metrics-data-source"), data={"sources": [{"pluginRef": "metrics-data-source",
-                                                                                             "extractors": [{}]}]}),
-    "undeclared-extractor": cfg(plugins=scorers("metrics-data-source"), data={"sources": [{"pluginRef": "metrics-data-source",
-                                                                                            "extractors": [{"pluginRef": "nope"}]}]}),
+    "extractor-without-ref": cfg(plugins=scorers("metrics-data-source"),
+                                 data={"sources": [{"pluginRef": "metrics-data-source", "extractors": [{}]}]}),
+    "undeclared-extractor": cfg(plugins=scorers("metrics-data-source"),
+                                data={"sources": [{"pluginRef": "metrics-data-source", "extractors": [{"pluginRef": "nope"}]}]}),
     "gie-not-an-extractor": cfg(plugins=scorers("metrics-data-source", "queue-scorer"),
                                 data={"sources": [{"pluginRef": "metrics-data-source", "extractors": [{"pluginRef": "queue-scorer"}]}]}),
     "data-layer-without-sources": cfg(featureGates=["dataLayer"], plugins=scorers("queue-scorer")),
@@ -451,7 +452,7 @@ def test_every_gie_type_starts_with_all_its_fields(ptype):
     spec = gie.PLUGINS[V][ptype]
     params = _example(spec["params"]) if spec["params"] else None
     result = check_epp_config(_alone(ptype, params), router_impl="gie")
-    assert result.epp_starts is True and [p for p in result.problems] == [], (ptype, result.findings)
+    assert result.epp_starts is True and list(result.problems) == [], (ptype, result.findings)
 
 
 @pytest.mark.parametrize("ptype", [t for t in GIE_TYPES if gie.PLUGINS[V][t]["params"]])

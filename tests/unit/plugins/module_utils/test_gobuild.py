@@ -119,10 +119,10 @@ def test_a_proxy_that_refuses_the_module_is_one_sentence(tmp_path):
     go = FakeGo(tmp_path, download_error="reading https://proxy.golang.org/k8s.io/kubernetes/@v/v1.33.13.info: 403 Forbidden")
     with pytest.raises(CheckError) as caught:
         GoBuild(params(tmp_path), runner=go).ensure()
+    proxy = os.environ.get("GOPROXY") or "the default, https://proxy.golang.org"
     assert caught.value.msg == ("Cannot fetch k8s.io/kubernetes@v1.33.13 through the Go module proxy (GOPROXY %s): reading "
                                 "https://proxy.golang.org/k8s.io/kubernetes/@v/v1.33.13.info: 403 Forbidden; set GOPROXY in the "
-                                "build's environment to a proxy that serves it." % (os.environ.get("GOPROXY") or
-                                                                                     "the default, https://proxy.golang.org"))
+                                "build's environment to a proxy that serves it." % proxy)
     assert not (tmp_path / "bin" / "kubernetes-v1.33.13").exists()
 
 
