@@ -56,6 +56,7 @@ import socket
 import struct
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.request
@@ -435,29 +436,37 @@ class Confined:
                            "for an unconfined EPP." % ", ".join(sorted(set(remote))))
         self.folder = folder
         self.forwards = []
-        spec = {"reach": [], "serve": [], "ready": os.path.join(folder, "confined-%d.ready" % id(self))}
-        for i, (host, port) in enumerate(reach):
-            path = os.path.join(folder, "reach-%d-%d.sock" % (id(self), i))
-            self.forwards.append(Forward(unix_listener(path), dial_tcp(host, port)))
-            spec["reach"].append((host, port, path))
+        self.proc = None
         self.ports = {}
-        for i, port in enumerate(serve):
-            path = os.path.join(folder, "serve-%d-%d.sock" % (id(self), i))
-            try:
-                listener = tcp_listener("127.0.0.1", (host_ports or {}).get(port, 0))
-            except OSError as exc:
-                for forward in self.forwards:
-                    forward.stop()
-                raise EPPError("Cannot serve the EPP's port %d on 127.0.0.1:%d: %s; free that port or choose another." % (
-                    port, (host_ports or {}).get(port, 0), exc.strerror or exc))
-            self.ports[port] = listener.getsockname()[1]
-            self.forwards.append(Forward(listener, dial_unix(path)))
-            spec["serve"].append((port, path))
+        # The bridge's Unix sockets live in a private folder of their own under the temporary folder: a socket's path
+        # holds at most 107 bytes (sun_path), which a folder under a long HOME exceeds.
+        self.sockets = tempfile.mkdtemp(prefix="epp-")
+        spec = {"reach": [], "serve": [], "ready": os.path.join(folder, "confined-%d.ready" % id(self))}
+        try:
+            if len(os.path.join(self.sockets, "serve-99.sock")) > 107:
+                raise EPPError("The temporary folder %s is too long for the bridge's Unix sockets (107 bytes at most); set "
+                               "TMPDIR to a shorter folder." % self.sockets)
+            for i, (host, port) in enumerate(reach):
+                path = os.path.join(self.sockets, "reach-%d.sock" % i)
+                self.forwards.append(Forward(unix_listener(path), dial_tcp(host, port)))
+                spec["reach"].append((host, port, path))
+            for i, port in enumerate(serve):
+                path = os.path.join(self.sockets, "serve-%d.sock" % i)
+                try:
+                    listener = tcp_listener("127.0.0.1", (host_ports or {}).get(port, 0))
+                except OSError as exc:
+                    raise EPPError("Cannot serve the EPP's port %d on 127.0.0.1:%d: %s; free that port or choose another." % (
+                        port, (host_ports or {}).get(port, 0), exc.strerror or exc))
+                self.ports[port] = listener.getsockname()[1]
+                self.forwards.append(Forward(listener, dial_unix(path)))
+                spec["serve"].append((port, path))
+        except BaseException:
+            self.stop()
+            raise
         self.ready_path = spec["ready"]
         self.cmd = [unshare, "--net", "--map-root-user", sys.executable, os.path.abspath(__file__), "--inside", json.dumps(spec),
                     "--"] + list(command)
         self.log_path = log_path
-        self.proc = None
 
     def start(self, env=None):
         with open(self.log_path, "w", encoding="utf-8") as log:
@@ -471,6 +480,7 @@ class Confined:
         _stop_group(self.proc)
         for forward in self.forwards:
             forward.stop()
+        shutil.rmtree(self.sockets, ignore_errors=True)
 
 
 def _stop_group(proc):
@@ -796,6 +806,9 @@ def main(argv):
             return serve(argv[1:])
         except EPPError as exc:
             sys.stderr.write("%s\n" % exc)
+            return 1
+        except OSError as exc:
+            sys.stderr.write("The EPP could not be started: %s.\n" % exc)
             return 1
     sys.stderr.write("usage: _epp_local.py serve ... (a confined EPP as a service), or --inside SPEC -- COMMAND (started by "
                      "EPP(confine=True), not by hand)\n")

@@ -181,6 +181,20 @@ def test_confined_epp_serves_and_reaches_through_loopback_and_listens_nowhere_he
     assert not os.path.exists("/proc/%d" % pid) or open("/proc/%d/stat" % pid).read().split()[2] == "Z"
 
 
+def test_a_confined_epp_runs_from_a_folder_too_long_for_a_unix_socket(confinable, engines, stand_in, tmp_path):  # pylint: disable=unused-argument
+    """Under a long HOME (CI's own, a deep state folder) the EPP's folder is past sun_path's 107 bytes: the bridge's
+    sockets live in a private temporary folder, gone after stop."""
+    folder = tmp_path / ("deep-" * 8) / ("state-" * 8)
+    folder.mkdir(parents=True)
+    assert len(os.path.join(str(folder), "serve-0.sock")) > 107
+    epp = L.EPP(stand_in, {"plugins": []}, engines, str(folder))
+    with epp:
+        assert len(_get("http://%s/" % epp.address)["said"]) == 2
+        sockets = epp.confined.sockets
+        assert (os.stat(sockets).st_mode & 0o777) == 0o700 and sorted(os.listdir(sockets))
+    assert not os.path.exists(sockets)
+
+
 def test_unconfined_epp_listens_here_which_the_test_would_see(engines, stand_in, tmp_path):
     """The control: asked to run unconfined, the same program's listeners are in this namespace's table."""
     epp = L.EPP(stand_in, {"plugins": []}, engines, str(tmp_path), confine=False)
