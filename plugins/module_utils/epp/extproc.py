@@ -91,7 +91,10 @@ class _TLSRelay:
                 remote = self.context.wrap_socket(raw, server_hostname=self.server_name)
                 remote.settimeout(None)
             except (OSError, ssl.SSLError, ssl.CertificateError) as exc:
-                self.error = exc
+                # The first failure says what is wrong; a reconnect by gRPC after it can fail otherwise (a CI run under
+                # load once got WRONG_VERSION_NUMBER after a hostname mismatch), which would name the wrong cause.
+                if self.error is None:
+                    self.error = exc
                 local.close()
                 continue
             self.sockets.extend([local, remote])

@@ -10,6 +10,9 @@ from __future__ import absolute_import, division, print_function
 __metaclass__ = type  # pylint: disable=invalid-name
 
 import json
+import socket
+import ssl
+import threading
 
 import pytest
 
@@ -102,6 +105,45 @@ def test_tls_verified_against_a_ca_file_and_a_server_name(tmp_path):
         with pytest.raises(CheckError) as info:
             extproc.ask_pick(epp.address, BODY, timeout=10, tls=True, ca_path=str(ca), server_name="other.example")
         assert "Cannot open TLS" in info.value.msg
+
+
+def test_the_tls_relay_keeps_the_first_failure_not_a_later_one(tmp_path):
+    """A hostname mismatch, then a reconnect answered in plain bytes: the relay still names the mismatch (CI once
+    reported "does not answer in TLS" for a wrong server_name when gRPC's reconnect failed otherwise under load)."""
+    cert, key = self_signed(names=["epp.example"])
+    (tmp_path / "cert.pem").write_bytes(cert)
+    (tmp_path / "key.pem").write_bytes(key)
+    server_context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    server_context.load_cert_chain(str(tmp_path / "cert.pem"), str(tmp_path / "key.pem"))
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def serve():
+        for answer in ("tls", "plain"):
+            conn, _addr = listener.accept()
+            with conn:
+                if answer == "tls":
+                    try:
+                        server_context.wrap_socket(conn, server_side=True).close()
+                    except (OSError, ssl.SSLError):
+                        pass
+                else:
+                    conn.sendall(b"HTTP/1.1 400 Bad Request\r\n\r\n")
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    context = extproc.tls_context(ca_path=str(tmp_path / "cert.pem"))
+    relay = extproc._TLSRelay("127.0.0.1", listener.getsockname()[1], context, "other.example", 10)  # pylint: disable=protected-access
+    try:
+        for _attempt in range(2):
+            with socket.create_connection(("127.0.0.1", int(relay.address.rsplit(":", 1)[1])), timeout=10) as local:
+                assert local.recv(1) == b"", "the relay closes a connection whose TLS side failed"
+        thread.join(10)
+        assert not thread.is_alive()
+        assert isinstance(relay.error, ssl.SSLCertVerificationError), relay.error
+        assert "other.example" in str(relay.error)
+    finally:
+        relay.close()
+        listener.close()
 
 
 def test_tls_against_a_plain_epp_says_set_tls_false():

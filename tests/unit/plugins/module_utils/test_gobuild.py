@@ -16,6 +16,7 @@ import threading
 import pytest
 
 from ansible_collections.inference_cache.substrate.plugins.module_utils.common.errors import CheckError
+from ansible_collections.inference_cache.substrate.plugins.module_utils.engine import gobuild
 from ansible_collections.inference_cache.substrate.plugins.module_utils.engine.gobuild import GoBuild
 
 UPSTREAM_GOMOD = """module k8s.io/kubernetes
@@ -134,23 +135,32 @@ def test_a_failed_build_leaves_nothing_in_place(tmp_path):
     assert not (tmp_path / "bin" / "kubernetes-v1.33.13").exists()
 
 
-def test_two_runs_at_once_build_once(tmp_path):
+def test_two_runs_at_once_build_once(tmp_path, monkeypatch):
     """The second run waits on the lock and then finds the first one's build."""
     go = FakeGo(tmp_path)
     release = threading.Event()
     entered = threading.Event()
+    waiting = threading.Event()
+    sleep = gobuild.time.sleep
 
     def slow(argv, cwd):
         if argv[1] == "build":
             entered.set()
             release.wait(10)
         return go(argv, cwd)
+
+    def sleep_on_the_lock(seconds):
+        waiting.set()   # only _lock sleeps: the second run found the lock taken
+        sleep(min(seconds, 0.05))
+    monkeypatch.setattr(gobuild.time, "sleep", sleep_on_the_lock)
     results = {}
     first = threading.Thread(target=lambda: results.setdefault("first", GoBuild(params(tmp_path), runner=slow).ensure()))
     first.start()
     assert entered.wait(10)
     second = threading.Thread(target=lambda: results.setdefault("second", GoBuild(params(tmp_path), runner=go).ensure()))
     second.start()
+    # Released only once the second run waits on the lock: under load it could otherwise start after the first ended.
+    assert waiting.wait(10)
     release.set()
     first.join(10)
     second.join(10)
