@@ -16,8 +16,9 @@ applied in order with ``apply: true`` and the EPP Deployment waited for last; a 
 with Helm and the same values instead; ``router_state: absent`` removes them in reverse; a missing CRD manifest with
 ``router_skip_unavailable_chart`` leaves them out; check mode moves nothing; the published ``router_contract``.
 
-Where the GIE v1.4.0 source is on this machine (the Go module cache), the facts are also held against it: each values
-key appears as ``.Values.<key>`` in the template cited, each flag is defined in ``pkg/epp/server/options.go``.
+The facts are also held against the GIE v1.4.0 source, read from the Go module cache (``go mod download`` brings it
+there when no build has yet, as on a fresh machine): each values key appears as ``.Values.<key>`` in the template
+cited, each flag is defined in ``pkg/epp/server/options.go``.
 """
 
 from __future__ import absolute_import, division, print_function
@@ -25,9 +26,11 @@ from __future__ import absolute_import, division, print_function
 import json
 import os
 import re
+import shutil
 import stat
 import subprocess
 import sys
+import tempfile
 
 import pytest
 import yaml
@@ -45,9 +48,9 @@ with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "k8s_conforma
     FACTS = yaml.safe_load(_handle)
 PINS = yaml.safe_load(open(R.PINS))
 GIE = "sigs.k8s.io/gateway-api-inference-extension@" + PINS["tools"]["gateway_api_inference_extension"]
-# The module's source in a Go module cache, when one holds it (read-only; never copied).
+# The module's source in a Go module cache (read-only; never copied).
 _GOMOD_ROOTS = (os.environ.get("GOMODCACHE"), os.path.expanduser("~/.cache/substrate-ci/gomod"), os.path.expanduser("~/go/pkg/mod"))
-UPSTREAM = next((p for p in [os.path.join(root, GIE) for root in _GOMOD_ROOTS if root] if os.path.isdir(p)), None)
+_UPSTREAM = []
 RELEASE = "inference-cache-router"
 EPP = RELEASE + "-epp"
 NS = "inference-cache"
@@ -59,10 +62,28 @@ USER_CONFIG = {"apiVersion": "inference.networking.x-k8s.io/v1alpha1", "kind": "
                                                                       {"pluginRef": "random-picker"}]}]}
 
 
+def _upstream_root():
+    """The module's folder: in a Go module cache already, or downloaded there by the go command (once per session).
+
+    The integration lane can run before any Go build fetched the module (a fresh machine): it is then fetched here,
+    through the Go module proxy, rather than the tests that read it skipping."""
+    if not _UPSTREAM:
+        found = next((p for p in [os.path.join(root, GIE) for root in _GOMOD_ROOTS if root] if os.path.isdir(p)), None)
+        if found is None:
+            go = shutil.which("go") or ("/usr/local/go/bin/go" if os.path.exists("/usr/local/go/bin/go") else None)
+            if go is None:
+                pytest.skip("the %s source is not in a Go module cache and no go command is on PATH to fetch it" % GIE)
+            with tempfile.TemporaryDirectory() as outside_any_module:
+                done = subprocess.run([go, "mod", "download", "-json", GIE], cwd=outside_any_module, capture_output=True,
+                                      text=True, timeout=600, check=False)
+            assert done.returncode == 0, "go mod download %s failed: %s%s" % (GIE, done.stdout[-2000:], done.stderr[-2000:])
+            found = json.loads(done.stdout)["Dir"]
+        _UPSTREAM.append(found)
+    return _UPSTREAM[0]
+
+
 def _upstream(rel):
-    if UPSTREAM is None:
-        pytest.skip("the gateway-api-inference-extension %s source is not in a Go module cache here" % GIE.rsplit("@", 1)[1])
-    with open(os.path.join(UPSTREAM, rel)) as handle:
+    with open(os.path.join(_upstream_root(), rel)) as handle:
         return handle.read()
 
 
