@@ -23,6 +23,7 @@ cited, each flag is defined in ``pkg/epp/server/options.go``.
 
 from __future__ import absolute_import, division, print_function
 
+import functools
 import json
 import os
 import re
@@ -50,7 +51,6 @@ PINS = yaml.safe_load(open(R.PINS))
 GIE = "sigs.k8s.io/gateway-api-inference-extension@" + PINS["tools"]["gateway_api_inference_extension"]
 # The module's source in a Go module cache (read-only; never copied).
 _GOMOD_ROOTS = (os.environ.get("GOMODCACHE"), os.path.expanduser("~/.cache/substrate-ci/gomod"), os.path.expanduser("~/go/pkg/mod"))
-_UPSTREAM = []
 RELEASE = "inference-cache-router"
 EPP = RELEASE + "-epp"
 NS = "inference-cache"
@@ -62,24 +62,23 @@ USER_CONFIG = {"apiVersion": "inference.networking.x-k8s.io/v1alpha1", "kind": "
                                                                       {"pluginRef": "random-picker"}]}]}
 
 
+@functools.lru_cache(maxsize=None)
 def _upstream_root():
     """The module's folder: in a Go module cache already, or downloaded there by the go command (once per session).
 
     The integration lane can run before any Go build fetched the module (a fresh machine): it is then fetched here,
     through the Go module proxy, rather than the tests that read it skipping."""
-    if not _UPSTREAM:
-        found = next((p for p in [os.path.join(root, GIE) for root in _GOMOD_ROOTS if root] if os.path.isdir(p)), None)
-        if found is None:
-            go = shutil.which("go") or ("/usr/local/go/bin/go" if os.path.exists("/usr/local/go/bin/go") else None)
-            if go is None:
-                pytest.skip("the %s source is not in a Go module cache and no go command is on PATH to fetch it" % GIE)
-            with tempfile.TemporaryDirectory() as outside_any_module:
-                done = subprocess.run([go, "mod", "download", "-json", GIE], cwd=outside_any_module, capture_output=True,
-                                      text=True, timeout=600, check=False)
-            assert done.returncode == 0, "go mod download %s failed: %s%s" % (GIE, done.stdout[-2000:], done.stderr[-2000:])
-            found = json.loads(done.stdout)["Dir"]
-        _UPSTREAM.append(found)
-    return _UPSTREAM[0]
+    found = next((p for p in [os.path.join(root, GIE) for root in _GOMOD_ROOTS if root] if os.path.isdir(p)), None)
+    if found is not None:
+        return found
+    go = shutil.which("go")   # as the kwok_cluster role's go_build (kwok_cluster_go_binary: go)
+    if go is None:
+        pytest.skip("the %s source is not in a Go module cache and no go command is on PATH to fetch it" % GIE)
+    with tempfile.TemporaryDirectory() as outside_any_module:
+        done = subprocess.run([go, "mod", "download", "-json", GIE], cwd=outside_any_module, capture_output=True,
+                              text=True, timeout=600, check=False)
+    assert done.returncode == 0, "go mod download %s failed: %s%s" % (GIE, done.stdout[-2000:], done.stderr[-2000:])
+    return json.loads(done.stdout)["Dir"]
 
 
 def _upstream(rel):

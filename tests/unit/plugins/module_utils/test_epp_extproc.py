@@ -135,7 +135,7 @@ def test_the_tls_relay_keeps_the_first_failure_not_a_later_one(tmp_path):
     relay = extproc._TLSRelay("127.0.0.1", listener.getsockname()[1], context, "other.example", 10)  # pylint: disable=protected-access
     try:
         for _attempt in range(2):
-            with socket.create_connection(("127.0.0.1", int(relay.address.rsplit(":", 1)[1])), timeout=10) as local:
+            with socket.create_connection(extproc.split_target(relay.address), timeout=10) as local:
                 assert local.recv(1) == b"", "the relay closes a connection whose TLS side failed"
         thread.join(10)
         assert not thread.is_alive()
