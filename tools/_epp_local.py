@@ -69,7 +69,7 @@ _WIRING = module_utils("common.wiring")
 ROUTER_VERSION = _WIRING.ROUTER_VERSION
 GIE_VERSION = _WIRING.GIE_VERSION
 IMPLS = tuple(sorted(_WIRING.ROUTER_IMPLS))
-pump = module_utils("common.pump").pump
+duplex = module_utils("common.duplex").duplex
 EPP_MODULE = "github.com/llm-d/llm-d-router/cmd/epp"
 GO_INSTALL_TIMEOUT = 300
 GIE_BUILD_TIMEOUT = 3600
@@ -266,10 +266,7 @@ def _join(accepted, dial):
     except OSError:
         accepted.close()
         return
-    back = threading.Thread(target=pump, args=(other, accepted), daemon=True)
-    back.start()
-    pump(accepted, other)
-    back.join()
+    duplex(accepted, other)
     accepted.close()
     other.close()
 

@@ -17,7 +17,7 @@ import socket
 import ssl
 import threading
 
-from ansible_collections.inference_cache.substrate.plugins.module_utils.common.pump import pump
+from ansible_collections.inference_cache.substrate.plugins.module_utils.common.duplex import duplex
 from ansible_collections.inference_cache.substrate.tests.unit.plugins.http_server import tls_server_context
 
 
@@ -57,5 +57,4 @@ class TLSProxy:
             raw.close()
             return
         upstream = socket.create_connection(self.target)
-        threading.Thread(target=pump, args=(upstream, client), daemon=True).start()
-        pump(client, upstream)
+        duplex(client, upstream)

@@ -52,7 +52,7 @@ except ImportError:  # pragma: no cover - exercised through the module's missing
     EXTPROC_IMPORT_ERROR = traceback.format_exc()
 
 from ..common.errors import CheckError
-from ..common.pump import pump
+from ..common.duplex import duplex
 
 DESTINATION_HEADER = "x-gateway-destination-endpoint"
 LB_NAMESPACE = "envoy.lb"
@@ -98,12 +98,8 @@ class _TLSRelay:
                 local.close()
                 continue
             self.sockets.extend([local, remote])
-            for src, dst in ((local, remote), (remote, local)):
-                threading.Thread(target=self._pump, args=(src, dst), daemon=True).start()
-
-    @staticmethod
-    def _pump(src, dst):
-        pump(src, dst)
+            # One thread for both directions: OpenSSL's connection must not be read and written at once.
+            threading.Thread(target=duplex, args=(local, remote), daemon=True).start()
 
     def close(self):
         self.closed = True
