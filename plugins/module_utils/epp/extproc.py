@@ -97,18 +97,26 @@ class _TLSRelay:
                     self.error = exc
                 local.close()
                 continue
-            self.sockets.extend([local, remote])
-            # One thread for both directions: OpenSSL's connection must not be read and written at once.
-            threading.Thread(target=duplex, args=(local, remote), daemon=True).start()
+            self.sockets.append(local)
+            threading.Thread(target=self._join, args=(local, remote), daemon=True).start()
+
+    @staticmethod
+    def _join(local, remote):
+        # One thread for both directions, and the only one to touch the TLS socket: OpenSSL's connection must never be
+        # used by two threads at once.
+        duplex(local, remote)
+        local.close()
+        remote.close()
 
     def close(self):
+        """Stop accepting and end every connection: their plain sides are shut down, so each join ends in its own thread."""
         self.closed = True
-        self.listener.close()
-        for sock in self.sockets:
+        for sock in [self.listener] + self.sockets:
             try:
-                sock.close()
+                sock.shutdown(socket.SHUT_RDWR)
             except OSError:
                 pass
+        self.listener.close()
 
 
 def tls_context(validate_certs=True, ca_path=None, client_cert=None, client_key=None):

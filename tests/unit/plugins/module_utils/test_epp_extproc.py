@@ -227,6 +227,14 @@ def test_the_tls_relay_reads_and_writes_its_tls_side_from_one_thread(tmp_path):
                 assert bytes(got) == sent, "%d of %d bytes came back intact" % (len(got), len(sent))
         assert len(context.sockets) == 8
         assert [sock.overlaps for sock in context.sockets] == [0] * 8
+        # Closing the relay ends an open connection and its accept loop; nothing is left waiting.
+        with socket.create_connection(extproc.split_target(relay.address), timeout=20) as idle:
+            idle.sendall(b"ping")
+            assert idle.recv(4) == b"ping"
+            relay.close()
+            assert idle.recv(1) == b""
+        relay.thread.join(10)
+        assert not relay.thread.is_alive()
     finally:
         relay.close()
         listener.close()
