@@ -267,8 +267,6 @@ def _join(accepted, dial):
         accepted.close()
         return
     duplex(accepted, other)
-    accepted.close()
-    other.close()
 
 
 class Forward:

@@ -5,7 +5,7 @@
 
 # PRIVATE to the inference_cache.substrate collection: the names here may change without notice.
 
-"""Bytes both ways between two sockets, in one thread, until either side ends (pure Python, no Ansible).
+"""Bytes both ways between two sockets, in one thread, until either side ends; then both are closed (pure Python, no Ansible).
 
 Used by the relays that join two connections: ``epp/extproc.py``'s TLS relay, ``tools/_epp_local.py``'s bridge
 between two loopbacks and the tests' TLS proxy. One thread does both directions because a TLS socket must never be read
@@ -42,7 +42,8 @@ def _watch(selector, watched, sock, events):
 
 
 def duplex(one, two):
-    """Copy ``one`` to ``two`` and ``two`` to ``one`` until either ends or fails, then deliver what was read and shut both down."""
+    """Copy ``one`` to ``two`` and ``two`` to ``one`` until either ends or fails, then deliver what was read and shut down
+    and close both (the thread that ran the join is the last to touch them)."""
     peer = {one: two, two: one}
     queued = {one: bytearray(), two: bytearray()}   # read from the peer, to be written to this socket
     ended = False
@@ -93,3 +94,4 @@ def duplex(one, two):
                 sock.shutdown(socket.SHUT_RDWR)
             except OSError:
                 pass
+            sock.close()

@@ -98,15 +98,9 @@ class _TLSRelay:
                 local.close()
                 continue
             self.sockets.append(local)
-            threading.Thread(target=self._join, args=(local, remote), daemon=True).start()
-
-    @staticmethod
-    def _join(local, remote):
-        # One thread for both directions, and the only one to touch the TLS socket: OpenSSL's connection must never be
-        # used by two threads at once.
-        duplex(local, remote)
-        local.close()
-        remote.close()
+            # One thread for both directions, and the only one to touch the TLS socket: OpenSSL's connection must never be
+            # used by two threads at once.
+            threading.Thread(target=duplex, args=(local, remote), daemon=True).start()
 
     def close(self):
         """Stop accepting and end every connection: their plain sides are shut down, so each join ends in its own thread."""

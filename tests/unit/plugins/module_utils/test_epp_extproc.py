@@ -107,14 +107,20 @@ def test_tls_verified_against_a_ca_file_and_a_server_name(tmp_path):
         assert "Cannot open TLS" in info.value.msg
 
 
+def _server_context(folder, name):
+    """A TLS server context with a self-signed certificate for ``name``, written to ``folder``/cert.pem (its own CA)."""
+    cert, key = self_signed(names=[name])
+    (folder / "cert.pem").write_bytes(cert)
+    (folder / "key.pem").write_bytes(key)
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(str(folder / "cert.pem"), str(folder / "key.pem"))
+    return context
+
+
 def test_the_tls_relay_keeps_the_first_failure_not_a_later_one(tmp_path):
     """A hostname mismatch, then a reconnect answered in plain bytes: the relay still names the mismatch (CI once
     reported "does not answer in TLS" for a wrong server_name when gRPC's reconnect failed otherwise under load)."""
-    cert, key = self_signed(names=["epp.example"])
-    (tmp_path / "cert.pem").write_bytes(cert)
-    (tmp_path / "key.pem").write_bytes(key)
-    server_context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    server_context.load_cert_chain(str(tmp_path / "cert.pem"), str(tmp_path / "key.pem"))
+    server_context = _server_context(tmp_path, "epp.example")
     listener = socket.create_server(("127.0.0.1", 0))
 
     def serve():
@@ -188,11 +194,7 @@ def test_the_tls_relay_reads_and_writes_its_tls_side_from_one_thread(tmp_path):
     """Both directions at once through the relay to a TLS echo server: every byte comes back intact and the TLS socket
     is never read and written at the same time (a thread per direction corrupted records under load: a CI run's
     gRPC stream through the relay ended "Socket closed" after OpenSSL's SSLV3_ALERT_BAD_RECORD_MAC)."""
-    cert, key = self_signed(names=["localhost"])
-    (tmp_path / "cert.pem").write_bytes(cert)
-    (tmp_path / "key.pem").write_bytes(key)
-    server_context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    server_context.load_cert_chain(str(tmp_path / "cert.pem"), str(tmp_path / "key.pem"))
+    server_context = _server_context(tmp_path, "localhost")
     listener = socket.create_server(("127.0.0.1", 0))
 
     def echo(conn):
