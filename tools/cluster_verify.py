@@ -94,7 +94,8 @@ def parse_args(argv):
     parser.add_argument("--speculative-ttl", default="2s",
                         help="the precise producer's speculativeTTL (Go duration, v0.9.0 default 2s); the warm request waits it out")
     parser.add_argument("--prefix-words", type=int, default=400, help="words of shared prefix in routed_prefix")
-    parser.add_argument("--settle", type=float, default=2.0, help="seconds between the cold and the warm request (events reach the EPP)")
+    parser.add_argument("--settle", type=float, default=2.0, help="seconds between the cold and the warm request (events reach the EPP), and at most "
+                        "this long after the warm request for a pod's hit counter to move")
     parser.add_argument("--timeout", type=float, default=60.0, help="seconds per check and pod")
     parser.add_argument("--resolve-timeout", type=float, default=60.0, help="seconds to wait for --expect-pods DNS records")
     return parser.parse_args(argv)
@@ -289,6 +290,28 @@ def _precise_evidence(args, before, mid, after, ttl, waited):
     return facts
 
 
+def _hit_tokens(after, before, engine):
+    """Hit tokens each pod's counter moved by, for the pods that expose one."""
+    hits = {}
+    for ip, samples in after.items():
+        found = module_utils("http.prefix_cache").detect_engine(samples, engine)
+        if found:
+            hits[ip] = int(round(samples.get(found[1], 0.0) - before[ip].get(found[1], 0.0)))
+    return hits
+
+
+def _read_until_hit(engine_urls, before, args):
+    """The pods' metrics after the warm request: read again (every 0.2 s, up to --settle seconds) until a pod's hit counter
+    moved by a block, so a pass costs no fixed wait and a miss waits --settle for a counter that updates late."""
+    block = args.block_size or module_utils("http.prefix_cache").DEFAULT_BLOCK_SIZE
+    deadline = time.monotonic() + args.settle
+    while True:
+        after = dict((ip, read_metrics(url, args.timeout)) for ip, url in engine_urls.items())
+        if any(v >= block for v in _hit_tokens(after, before, args.engine).values()) or time.monotonic() >= deadline:
+            return after
+        time.sleep(min(0.2, max(deadline - time.monotonic(), 0.0)))
+
+
 def check_routed_prefix(ips, args):
     """Cold and warm request through the router; the pod that served the repeated prefix reports the hit."""
     http = module_utils("http.openai")
@@ -310,16 +333,11 @@ def check_routed_prefix(ips, args):
         time.sleep(wait)
         epp_mid = read_metrics(args.epp_metrics_url, args.timeout) if args.epp_metrics_url else None
         _complete(router, model, shared + " warm")
-        time.sleep(args.settle)
-        after = dict((ip, read_metrics(url, args.timeout)) for ip, url in engine_urls.items())
+        after = _read_until_hit(engine_urls, before, args)
         epp_after = read_metrics(args.epp_metrics_url, args.timeout) if args.epp_metrics_url else None
     except (http.OpenAIHTTPError, prefix.PrefixCacheError, IndexError) as exc:
         return {"ok": False, "msg": "A request through the router or a metrics read failed: %s" % (str(exc).rstrip(".") or "no model served") + "."}
-    hits = {}
-    for ip in ips:
-        found = prefix.detect_engine(after[ip], args.engine)
-        if found:
-            hits[ip] = int(round(after[ip].get(found[1], 0.0) - before[ip].get(found[1], 0.0)))
+    hits = _hit_tokens(after, before, args.engine)
     block = args.block_size or prefix.DEFAULT_BLOCK_SIZE
     served = sorted(ip for ip, value in hits.items() if value >= block)
     result = {"hit_tokens_by_pod": hits, "served_by": served}

@@ -14,6 +14,7 @@ import importlib.util
 import json
 import os
 import socket
+import time
 
 import pytest
 
@@ -99,8 +100,11 @@ class FakeCluster:
     """Two engine pods behind a router. Each pod caches the prompts it served (a hit = the shared leading words,
     one 'token' per word); the EPP counts admitted blocks and lookup hits as a precise index would."""
 
-    def __init__(self, route="affinity", epp_metrics=True, epp_admits=True, epp_names="kvcache_index"):
+    def __init__(self, route="affinity", epp_metrics=True, epp_admits=True, epp_names="kvcache_index", lag=0):
         self.pods = {"10.0.0.1": {"prompts": [], "hits": 0, "queries": 0}, "10.0.0.2": {"prompts": [], "hits": 0, "queries": 0}}
+        # A pod's /metrics shows a request's hit only from the lag-th read after it on (counters that update late).
+        self.lag, self.late = lag, {}
+        self.metric_reads = 0
         self.route = route
         self.epp = {"admissions": 0, "lookup_hits": 0} if epp_metrics else None
         self.epp_admits = epp_admits
@@ -122,6 +126,8 @@ class FakeCluster:
         if self.epp is not None and hit and self.route == "affinity":
             self.epp["lookup_hits"] += hit // 32
         pod["hits"] += (hit // 32) * 32
+        if self.lag and hit >= 32:
+            self.late[ip] = [(hit // 32) * 32, self.lag]
         pod["queries"] += words
         pod["prompts"].append(prompt)
         if self.epp is not None and self.epp_admits:
@@ -131,8 +137,12 @@ class FakeCluster:
 
     def metrics(self, ip):
         pod = self.pods[ip]
+        self.metric_reads += 1
+        hidden = 0
+        if ip in self.late and self.late[ip][1] > 0:
+            hidden, self.late[ip][1] = self.late[ip][0], self.late[ip][1] - 1
         return ("vllm:prefix_cache_hits_total{model_name=\"tiny\"} %d\nvllm:prefix_cache_queries_total{model_name=\"tiny\"} %d\n"
-                % (pod["hits"], pod["queries"]))
+                % (pod["hits"] - hidden, pod["queries"]))
 
     def epp_metrics(self):
         return "%s_admissions_total %d\n%s_lookup_hits_total %d\n" % (
@@ -190,6 +200,26 @@ def test_routed_prefix_passes_when_the_router_keeps_the_prefix_on_one_pod(cli, m
     assert result["epp_admissions"] > 0 and result["epp_lookup_hits"] > 0
     assert cluster.served == ["10.0.0.1", "10.0.0.1"]
     assert report["pods"] == [{"ip": "10.0.0.1", "checks": {}, "ok": True}, {"ip": "10.0.0.2", "checks": {}, "ok": True}]
+
+
+def test_routed_prefix_reads_again_until_a_late_hit_counter_moves(cli, monkeypatch, capsys):
+    # The serving pod's counter shows the warm hit only from the third read on: read once after a fixed wait, the check
+    # would report no hit; it reads again (up to --settle) and stops once the counter moved.
+    cluster = FakeCluster(lag=2)
+    argv = [a if a != "0" else "1" for a in ROUTED_ARGV]
+    code, report = run_routed(cli, monkeypatch, capsys, cluster, argv)
+    assert code == 0 and report["router"]["routed_prefix"]["served_by"] == ["10.0.0.1"], report
+    # two pods read before, then three rounds of two until the hit shows: no reading on to the deadline
+    assert cluster.metric_reads == 2 + 3 * 2
+
+
+def test_routed_prefix_waits_at_most_settle_for_a_hit_that_never_comes(cli, monkeypatch, capsys):
+    cluster = FakeCluster(route="round-robin")
+    argv = [a if a != "0" else "0.5" for a in ROUTED_ARGV]
+    started = time.monotonic()
+    code, report = run_routed(cli, monkeypatch, capsys, cluster, argv)
+    assert code == 1 and "No engine pod reported a prefix-cache hit" in report["msg"]
+    assert time.monotonic() - started >= 0.5 and cluster.metric_reads > 2 + 2
 
 
 def test_routed_prefix_fails_when_the_warm_request_lands_elsewhere(cli, monkeypatch, capsys):
