@@ -300,15 +300,15 @@ def _hit_tokens(after, before, engine):
     return hits
 
 
-def _read_until_hit(engine_urls, before, args):
-    """The pods' metrics after the warm request: read again (every 0.2 s, up to --settle seconds) until a pod's hit counter
-    moved by a block, so a pass costs no fixed wait and a miss waits --settle for a counter that updates late."""
-    block = args.block_size or module_utils("http.prefix_cache").DEFAULT_BLOCK_SIZE
+def _read_until_hit(engine_urls, before, block, args):
+    """(metrics, hit tokens by pod) after the warm request: read again (every 0.2 s, up to --settle seconds) until a pod's
+    hit counter moved by a block, so a pass costs no fixed wait and a miss waits --settle for a counter that updates late."""
     deadline = time.monotonic() + args.settle
     while True:
         after = dict((ip, read_metrics(url, args.timeout)) for ip, url in engine_urls.items())
-        if any(v >= block for v in _hit_tokens(after, before, args.engine).values()) or time.monotonic() >= deadline:
-            return after
+        hits = _hit_tokens(after, before, args.engine)
+        if any(v >= block for v in hits.values()) or time.monotonic() >= deadline:
+            return after, hits
         time.sleep(min(0.2, max(deadline - time.monotonic(), 0.0)))
 
 
@@ -323,6 +323,7 @@ def check_routed_prefix(ips, args):
     except ValueError:
         return {"ok": False, "msg": "--speculative-ttl %s is not a Go duration (e.g. 2s, 500ms)." % args.speculative_ttl}
     engine_urls = dict((ip, "http://%s:%d/metrics" % (_host(ip), args.http_port)) for ip in ips)
+    block = args.block_size or prefix.DEFAULT_BLOCK_SIZE
     router = make_client(args.router_url, args.timeout)
     try:
         model = args.model or http.model_ids(router.get_json("/v1/models"))[0]
@@ -333,12 +334,10 @@ def check_routed_prefix(ips, args):
         time.sleep(wait)
         epp_mid = read_metrics(args.epp_metrics_url, args.timeout) if args.epp_metrics_url else None
         _complete(router, model, shared + " warm")
-        after = _read_until_hit(engine_urls, before, args)
+        after, hits = _read_until_hit(engine_urls, before, block, args)
         epp_after = read_metrics(args.epp_metrics_url, args.timeout) if args.epp_metrics_url else None
     except (http.OpenAIHTTPError, prefix.PrefixCacheError, IndexError) as exc:
         return {"ok": False, "msg": "A request through the router or a metrics read failed: %s" % (str(exc).rstrip(".") or "no model served") + "."}
-    hits = _hit_tokens(after, before, args.engine)
-    block = args.block_size or prefix.DEFAULT_BLOCK_SIZE
     served = sorted(ip for ip, value in hits.items() if value >= block)
     result = {"hit_tokens_by_pod": hits, "served_by": served}
     if not hits:
