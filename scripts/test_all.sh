@@ -10,8 +10,12 @@
 #           and the GIE EPP routing real requests to them;
 #   builds  the Go builds (kwok cluster, helm, the GIE EPP and its CRDs), once per version: a test that needs one before
 #           it is done waits on its lock (inference_cache.substrate.go_build), so each is built once;
-#   checks  everything else (ansible-test sanity and units, the other pytest and molecule tests, lint, build).
+#   checks  everything else (ansible-test sanity and units, lint, the other molecule tests, build, then the other pytest
+#           tests, whose kwok cluster modules run last: tests/integration/conftest.py).
 # The lanes share no port, file or engine. A stage's output is printed in one block when it ends.
+# The builds lane runs at normal priority and the others at nice 5: where the Go builds are cold (a fresh machine,
+# about 40 minutes of CPU) they get most of the 2 cores, so the stages that wait for them start sooner, while the
+# rest of the tests go on with what is left; with warm builds (a relink, minutes) it changes nothing.
 # A failing stage does not stop the others; the summary says what ran, and the exit status is non-zero when
 # any stage failed.
 #
@@ -39,15 +43,15 @@ declare -A cmd=(
   [molecule-kwok]="make molecule SCENARIOS=kwok"  # the Kubernetes path on kwok, real engines behind its pods, the GIE EPP
 )
 engine_lane=(molecule-engine engine molecule-destroy molecule-kv-index molecule-kwok)
-checks_lane=(changelog argspecs sanity units integration lint molecule-checks build)
+checks_lane=(changelog argspecs sanity units lint molecule-checks build integration)
 builds_lane=(go-build)
 all=("${builds_lane[@]}" "${checks_lane[@]}" "${engine_lane[@]}")
 
 run_stage() {
-  local stage=$1 t0=$SECONDS rc secs
+  local stage=$1 t0=$SECONDS rc secs niceness=${NICENESS:-0}
   [ -n "${cmd[$stage]:-}" ] || { echo "no stage named $stage (stages: ${all[*]})"; echo "2 0" > "$logs/$stage.status"; return; }
   echo "$(date +%T) start  $stage: ${cmd[$stage]}"
-  bash -c "${cmd[$stage]} --no-print-directory" > "$logs/$stage.log" 2>&1
+  nice -n "$niceness" bash -c "${cmd[$stage]} --no-print-directory" > "$logs/$stage.log" 2>&1
   rc=$? secs=$((SECONDS - t0))
   echo "$rc $secs" > "$logs/$stage.status"
   {
@@ -67,8 +71,8 @@ elif [ "${TEST_SERIAL:-0}" = 1 ]; then
 else
   stages=("${all[@]}")
   run_lane "${builds_lane[@]}" &
-  run_lane "${engine_lane[@]}" &
-  run_lane "${checks_lane[@]}" &
+  NICENESS=5 run_lane "${engine_lane[@]}" &
+  NICENESS=5 run_lane "${checks_lane[@]}" &
   wait
 fi
 

@@ -37,11 +37,8 @@ CITATION = re.compile(r"^[\w.-]+/[\w.-]+@[\w.]+:\S+|^[\w.-]+==[\w.]+ wheel:\S+")
 
 
 @pytest.fixture(scope="module")
-def rendered(tmp_path_factory):
-    tmp = str(tmp_path_factory.mktemp("conformance"))
-    returncode, output, out = R.run_render(tmp, R.CASES)
-    assert returncode == 0, output[-4000:]
-    return dict((name, R.load_case(out, name)) for name in R.CASES)
+def rendered(rendered_cases):
+    return rendered_cases["cases"]   # conftest.py: every case rendered once per session
 
 
 def leaf_paths(value, prefix=""):

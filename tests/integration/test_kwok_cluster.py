@@ -102,13 +102,11 @@ def _dynamic(api):
 
 
 @pytest.fixture(scope="module")
-def rendered_docs(tmp_path_factory):
-    tmp = str(tmp_path_factory.mktemp("render-for-dry-run"))
-    code, output, out = R.run_render(tmp, R.CASES)
-    assert code == 0, output[-6000:]
+def rendered_docs(rendered_cases):
+    """Every object of every render case (conftest.py renders them once per session)."""
     docs = []
     for name in sorted(R.CASES):
-        for role, manifests in R.load_case(out, name)["manifests"].items():
+        for role, manifests in rendered_cases["cases"][name]["manifests"].items():
             docs.extend((name, role, doc) for doc in manifests)
     return docs
 

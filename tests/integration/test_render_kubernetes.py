@@ -43,11 +43,8 @@ DIGEST_RE = re.compile(r"^[^\s@]+@sha256:[0-9a-f]{64}$")
 
 
 @pytest.fixture(scope="module")
-def rendered(tmp_path_factory):
-    tmp = str(tmp_path_factory.mktemp("render"))
-    returncode, output, out = R.run_render(tmp, R.CASES, verbosity=1)
-    assert returncode == 0, output[-4000:]
-    return {"output": output, "out": out, "cases": dict((name, R.load_case(out, name)) for name in R.CASES)}
+def rendered(rendered_cases):
+    return rendered_cases   # conftest.py: every case rendered once per session, with -v
 
 
 @pytest.fixture(scope="module")
