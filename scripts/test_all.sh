@@ -14,8 +14,8 @@
 #           tests, whose kwok cluster modules run last: tests/integration/conftest.py).
 # The lanes share no port, file or engine. A stage's output is printed in one block when it ends.
 # The builds lane runs at normal priority and the others at nice 5: where the Go builds are cold (a fresh machine,
-# about 40 minutes of CPU) they get most of the 2 cores, so the stages that wait for them start sooner, while the
-# rest of the tests go on with what is left; with warm builds (a relink, minutes) it changes nothing.
+# about 40 minutes of CPU) they get a larger share of the 2 cores (not all: vLLM threads and ansible forks run too),
+# so the stages that wait for them start sooner; with warm builds (a relink, minutes) it changes nothing.
 # A failing stage does not stop the others; the summary says what ran, and the exit status is non-zero when
 # any stage failed.
 #
