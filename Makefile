@@ -4,11 +4,14 @@ VENV  := $(CURDIR)/.venv
 BIN   := $(VENV)/bin
 export PATH := $(BIN):$(PATH)
 export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
+# Ansible expands the "~" of its async folder through the account's home, not $$HOME: with HOME set elsewhere
+# (a CI home, a sandbox), async_status looks in the wrong folder ("could not find job"). Name it outright.
+export ANSIBLE_ASYNC_DIR ?= $(HOME)/.ansible_async
 export ANSIBLE_FORCE_COLOR := 0
 export PY_COLORS := 0
 export NO_COLOR := 1
 
-.PHONY: help setup site verify teardown render kubernetes kwok kwok-traffic gie-epp go-build kwok-teardown test sanity units pytest integration engine lint molecule molecule-destroy build changelog argspecs bench bench-site bench-load bench-routing study-routing freeze clean
+.PHONY: help setup site verify teardown render kubernetes kwok kwok-traffic gie-epp go-build kwok-teardown test sanity units pytest integration engine lint molecule molecule-destroy build changelog argspecs bench bench-site bench-verify bench-load bench-routing study-routing study-fleet bench-kv-scale freeze clean
 
 help:  ## List the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-17s %s\n", $$1, $$2}'
@@ -62,7 +65,7 @@ units: setup  ## ansible-test units on a staged copy (no Docker): every test fil
 # pytest with skip reasons and the slowest tests listed; with the real engine started when none runs, and required.
 PYTEST := $(BIN)/pytest -rs --durations=10
 PYTEST_ENGINE := LOCAL_ENGINE_START=1 LOCAL_ENGINE_REQUIRED=1 $(PYTEST)
-ENGINE_TESTS := tests/integration/test_local_engine_e2e.py tests/integration/test_kv_events_engine.py tests/integration/test_rendered_engine_commands.py \
+ENGINE_TESTS := tests/integration/test_local_engine_e2e.py tests/integration/test_kv_events_engine.py tests/integration/test_rendered_engine_commands.py tests/integration/test_rendered_lmcache_commands.py \
                 tests/integration/test_kvcache_probe_engine.py tests/integration/test_epp_route_engine.py
 
 pytest: setup  ## pytest, all of it: what `units`, `integration` and `engine` run (one engine run at a time)
@@ -101,6 +104,9 @@ bench: setup  ## Benchmarks (print numbers; not part of `make test`)
 bench-site: setup  ## Where a first `make site` spends its time: site.yml on a fresh HOME (install, model build, engine start, first verification, the rest), then the second run (changed=0, under 20 s); engine on 8500, stopped at the end (ARGS: more options)
 	$(BIN)/python benchmarks/bench_site.py $(ARGS)
 
+bench-verify: setup  ## How long `make verify` takes on the warm local default (run `make site` first): min, median, max of RUNS (5), the slowest tasks
+	$(BIN)/python benchmarks/bench_verify.py --runs $(or $(RUNS),5) $(ARGS)
+
 # Four engines of playbooks/kv_index.yml (72 KV blocks each) on ports of their own (8510-8513, replay 5911-5917), each
 # binding its KV-event endpoint (an ipc:// path under out/bench-load), so that kv_index_check's core and one
 # kv_events_check per engine subscribe to the same stream; the restart stops and starts one engine part way.
@@ -138,7 +144,7 @@ BENCH_EPP_CONFIGS := $(foreach m,precise precise-speculative approximate approxi
 BENCH_KWOK := $(BIN)/ansible-playbook benchmarks/kwok_cluster.yml
 BENCH_KWOK_DIR := $(HOME)/.cache/inference_cache/kwok_cluster/clusters/substrate-bench
 
-bench-routing: setup  ## Routing policies on two real engines (port 8400 on 127.0.0.1 and 127.0.0.2, stopped at the end): the stand-in router, and real EPPs beside it: EPP=gie, EPP=/path/to/llm-d-epp or both (default: llm-d's where it can be had, else GIE's; ARGS: more options)
+bench-routing: setup gie-epp  ## Routing policies on two real engines (port 8400 on 127.0.0.1 and 127.0.0.2, stopped at the end): the stand-in router, and real EPPs beside it: EPP=gie, EPP=/path/to/llm-d-epp or both (default: llm-d's where it can be had, else GIE's; ARGS: more options)
 	@mkdir -p $(dir $(BENCH_ROUTING_FILE)) && printf '%s\n' '$(BENCH_ROUTING_JSON)' > $(BENCH_ROUTING_FILE); \
 	rc=0; stop() { $(BIN)/ansible-playbook playbooks/kv_index.yml $(BENCH_ROUTING_ENGINES) -e kv_index_state=absent || { [ $$rc != 0 ] || rc=1; }; \
 	  [ ! -d $(BENCH_KWOK_DIR) ] || $(BENCH_KWOK) -e kwok_cluster_state=absent || { [ $$rc != 0 ] || rc=1; }; }; \
@@ -150,6 +156,49 @@ bench-routing: setup  ## Routing policies on two real engines (port 8400 on 127.
 
 study-routing: setup  ## The routing study: every workload of bench-routing, every policy, three seeds, into out/bench-routing/study (table, plots; EPP= as above)
 	@$(MAKE) --no-print-directory bench-routing ARGS="--workload all --repeats 3 --report $(CURDIR)/out/bench-routing/study $(ARGS)"
+
+# The routing study at scale (benchmarks/bench_fleet.py) over FLEET (16) simulated engines of roles/simulated_engine
+# (llm-d-inference-sim v0.10.2, built on first use; 127.0.1.1-16 on port 9100, confined to loopback), each with 640 KV
+# blocks of 16 tokens, 4 requests at a time, 2 ms per uncached prompt token, every KV event published at once, the
+# development endpoints on (the study resets the caches between configurations): the blog-shaped workload at 75% of the
+# fleet's blocks (two seeds) and its 30% control, every stand-in policy, llm-d-kv-cache's own index
+# (tools/kvcache_probe) and the GIE EPP over a kwok cluster's InferencePool. Stopped at the end, also on failure.
+FLEET ?= 16
+FLEET_DIR := $(CURDIR)/out/bench-fleet
+FLEET_ENGINES := $(BIN)/ansible-playbook playbooks/simulated_engines.yml -e simulated_engine_count=$(FLEET) \
+  -e simulated_engine_block_size=16 -e simulated_engine_kv_cache_size=640 -e simulated_engine_max_model_len=2048 \
+  -e simulated_engine_max_num_seqs=4 -e simulated_engine_prefill_time_per_token=2ms -e simulated_engine_event_batch_size=1 \
+  -e simulated_engine_dev_mode=true
+FLEET_EPP_RENDER := -e bench_epp_dir=$(FLEET_DIR)/epp -e bench_epp_token_url=http://127.0.1.1:9100 \
+  -e '{"bench_epp_engine": {"served_model_name": "tiny", "block_size": 16, "hash_seed": "0", "topic": "kv@127.0.1.1:9100@tiny", "kv_events_port": 5810}}'
+
+study-fleet: setup gie-epp kvcache-probe  ## The routing study at scale: FLEET (16) simulated engines under cache pressure, every policy against a referee that knows each engine's true cache, the GIE EPP beside them; into out/bench-fleet/study (table, plots; ARGS: more options)
+	@mkdir -p $(FLEET_DIR); rc=0; stop() { $(FLEET_ENGINES) -e simulated_engine_state=absent || { [ $$rc != 0 ] || rc=1; }; \
+	  [ ! -d $(BENCH_KWOK_DIR) ] || $(BENCH_KWOK) -e kwok_cluster_state=absent || { [ $$rc != 0 ] || rc=1; }; }; \
+	trap 'stop; exit $$rc' EXIT; trap 'rc=130; exit' INT TERM; \
+	$(BIN)/ansible-playbook benchmarks/epp_configs.yml $(FLEET_EPP_RENDER) || { rc=$$?; exit; }; \
+	$(FLEET_ENGINES) -e simulated_engine_report_path=$(FLEET_DIR)/engines.json || { rc=$$?; exit; }; \
+	$(BIN)/python benchmarks/bench_fleet.py --require --engines-file $(FLEET_DIR)/engines.json --workload blog:2,blog-light:1 \
+	  --epp gie --gie-config gie=$(FLEET_DIR)/epp/gie/router/epp-config.yaml --gie-pool $(FLEET_DIR)/epp/gie/router/manifests.yaml \
+	  --report $(FLEET_DIR)/study $(ARGS) || rc=$$?
+
+# The KV checks at scale (benchmarks/bench_kv_scale.py): kv_events_check and kv_index_check's index over SCALE (32) simulated
+# engines (127.0.1.101 on, 64 blocks each so that every engine evicts, 5% of requests failed on purpose) for a minute of
+# traffic, bursts and two engine restarts; then synthetic publishers against the index checker on one CPU.
+SCALE ?= 32
+SCALE_DIR := $(CURDIR)/out/bench-kv-scale
+SCALE_ENGINES := $(BIN)/ansible-playbook playbooks/simulated_engines.yml -e simulated_engine_name=scale -e simulated_engine_count=$(SCALE) \
+  -e simulated_engine_first_address=127.0.1.101 -e simulated_engine_block_size=16 -e simulated_engine_kv_cache_size=64 \
+  -e simulated_engine_max_model_len=1024 -e simulated_engine_max_num_seqs=4 -e simulated_engine_prefill_time_per_token=200us \
+  -e simulated_engine_failure_injection_rate=5 -e '{"simulated_engine_failure_types": ["server_error", "rate_limit"]}'
+
+bench-kv-scale: setup  ## The KV checks at scale: SCALE (32) simulated engines (bursts, evictions, restarts, injected failures), then the largest fleet one checker keeps up with on one core (ARGS: more options)
+	@mkdir -p $(SCALE_DIR); rc=0; stop() { $(SCALE_ENGINES) -e simulated_engine_state=absent || { [ $$rc != 0 ] || rc=1; }; }; \
+	trap 'stop; exit $$rc' EXIT; trap 'rc=130; exit' INT TERM; \
+	$(SCALE_ENGINES) -e simulated_engine_report_path=$(SCALE_DIR)/engines.json || { rc=$$?; exit; }; \
+	$(BIN)/python benchmarks/bench_kv_scale.py --require --part fleet,capacity --engines-file $(SCALE_DIR)/engines.json --cpu 0 \
+	  --restart-command "$(SCALE_ENGINES) -e simulated_engine_only={engine} -e simulated_engine_state=absent && $(SCALE_ENGINES) -e simulated_engine_only={engine}" \
+	  $(ARGS) || rc=$$?
 
 # The first build fetches github.com/llm-d/llm-d-kv-cache v0.9.0 and its modules through the Go module proxy (go.sum pins them).
 .PHONY: kvcache-probe

@@ -14,7 +14,7 @@ report start from nothing. Download caches are shared with the machine's (uv's a
 The first (cold) run is timed task by task by the collection's callback plugin ``inference_cache.substrate.timings``
 (enabled for these runs only) and split into: install (roles/local_engine/tasks/install.yml; right after an install
 its check builds the tiny model too, in a child process beside the imports, so that time shows here), model build
-(model.yml), engine start (the local_engine_service task), first verification (the verify role) and the rest
+(model.yml), engine start (the local_service task), first verification (the verify role) and the rest
 (Ansible's own start, facts, the launcher, ...). The engine's start is split further from its log: the API server's
 imports, the EngineCore process, the worker process (when there is one), model and KV cache, the server listening.
 Beside each phase's seconds, its CPU seconds (user and system): those of ansible-playbook and the processes it waited
@@ -59,7 +59,7 @@ def phase_of(task):
         return "install"
     if "/roles/local_engine/tasks/model.yml" in path:
         return "model build"
-    if task.get("action", "").endswith("local_engine_service"):
+    if task.get("action", "").endswith(("local_service", "local_engine_service")):
         return "engine start"
     if "/roles/verify/" in path:
         return "first verification"

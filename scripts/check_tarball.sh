@@ -3,7 +3,7 @@
 set -euo pipefail
 tarball=$1
 listing=$(tar -tzf "$tarball")
-bad=$(grep -E '(^|/)(\.ci|\.cache|\.venv|\.git|collections|tests/output|__pycache__|\.pytest_cache|\.hypothesis|benchmarks|scripts)(/|$)' <<<"$listing" || true)
+bad=$(grep -E '(^|/)(\.ci|\.cache|\.venv|\.git|collections|tests/output|__pycache__|\.pytest_cache|\.hypothesis|benchmarks|scripts|tools)(/|$)' <<<"$listing" || true)
 if [ -n "$bad" ]; then
   echo "The collection tarball $tarball carries files it should not:"; echo "$bad" | head -20; exit 1
 fi

@@ -16,6 +16,12 @@ UV_VERSION=${UV_VERSION:-0.13.9}
 
 say() { printf '[setup] %s\n' "$*"; }
 
+# One setup at a time: the lanes of `make test` (and a person's make beside them) each run it, and a venv rebuilt with
+# --clear under a running one breaks it. The second waits, then finds everything up to date.
+mkdir -p "$ROOT/.cache"
+exec 9>"$ROOT/.cache/setup.lock"
+flock 9
+
 # 1. Virtual environment with the pinned toolchain (skipped when requirements-dev.txt is unchanged).
 stamp=$VENV/.requirements-dev.sha256
 want=$(sha256sum requirements-dev.txt | cut -d' ' -f1)

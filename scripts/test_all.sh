@@ -63,6 +63,16 @@ run_stage() {
 }
 run_lane() { local stage; for stage in "$@"; do run_stage "$stage"; done; }
 
+# The whole suite gets a temporary folder of its own: at the end, whatever a stage left there (a scratch folder a
+# failed play did not remove, a benchmark's working folder) is listed and fails the run, then the folder is removed,
+# so `make test` leaves nothing in the system temporary folder. Two things are kept there by design and are not
+# counted: pytest's own base folder (pytest-of-<user>, the last runs' tmp_path folders) and kubernetes.core's API
+# discovery cache (k8srcp-<hash>.json, one per user and cluster, which kubernetes.core keeps in the temporary folder on
+# every run and offers no option to move); both go with the suite's folder.
+suite_tmp=$(mktemp -d "${TMPDIR:-/tmp}/substrate-test.XXXXXX")
+export TMPDIR=$suite_tmp
+trap 'rm -rf "$suite_tmp"' EXIT
+
 start_all=$SECONDS
 if [ $# -gt 0 ]; then
   stages=("$@"); run_lane "${stages[@]}"
@@ -84,4 +94,9 @@ for stage in "${stages[@]}"; do
   printf '  %-16s %-16s %5ss   %s\n' "$stage" "$state" "$secs" "$(scripts/stage_summary.sh "$stage" "$logs/$stage.log" 2>/dev/null)"
 done
 echo "stages: $passed passed, $failed failed"
+leftovers=$(find "$suite_tmp" -mindepth 1 -maxdepth 1 ! -name "pytest-of-*" ! -name "k8srcp-*.json" -printf '%f\n' | sort)
+if [ -n "$leftovers" ]; then
+  echo "left in the temporary folder by the stages (each should remove what it makes): $(echo "$leftovers" | tr '\n' ' ')"
+  failed=$((failed + 1))
+fi
 [ "$failed" -eq 0 ]

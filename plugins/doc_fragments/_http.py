@@ -5,11 +5,14 @@
 
 # PRIVATE to the inference_cache.substrate collection: the names here may change without notice.
 
+import re
+
 
 class ModuleDocFragment(object):
 
     # Options of an HTTP(S) connection to an OpenAI-compatible server;
-    # paired with module_utils/http/args.py HTTP_ARG_SPEC (keep the two in lock-step).
+    # paired with module_utils/http/args.py HTTP_ARG_SPEC (keep the two in lock-step;
+    # tests/unit/plugins/doc_fragments/test_fragments.py holds them against each other).
     DOCUMENTATION = r"""
 options:
   api_key:
@@ -44,3 +47,22 @@ options:
     type: int
     default: 16777216
 """
+
+
+# The names of the options above, and an O(...) reference to one of them.
+_NAMES = tuple(re.findall(r"^  (\w+):$", ModuleDocFragment.DOCUMENTATION, re.M))
+_REFERENCE = re.compile(r"O\((%s)(?=[)=])" % "|".join(_NAMES))
+
+
+def http_suboptions(path, indent=4):
+    """The options of DOCUMENTATION as the suboptions of the option ``path`` (``engines[]``, ``trigger``): YAML lines.
+
+    Ansible merges a fragment's options into a module's at the top level only (a module's option replaces a fragment's
+    option of the same name whole), so an option whose suboptions include the HTTP options is documented in a fragment
+    of its own that takes them from here: the same text, every line ``indent`` spaces further in (4 for a top-level
+    option's suboptions), each O() reference to one of them written under ``path`` (O(client_key) becomes
+    O(engines[].client_key)).
+    """
+    body = ModuleDocFragment.DOCUMENTATION.split("options:\n", 1)[1]
+    body = _REFERENCE.sub(lambda match: "O(%s.%s" % (path, match.group(1)), body)
+    return "".join(" " * indent + line if line.strip() else line for line in body.splitlines(True))

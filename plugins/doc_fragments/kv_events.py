@@ -3,11 +3,15 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
 
+from ._http import http_suboptions
+
 
 class ModuleDocFragment(object):
 
     # Options of a KV-event stream connection; paired with module_utils/kv/args.py KV_STREAM_ARG_SPEC (the option table:
-    # types, defaults, choices, ranges and endpoint shapes). Keep the two in step.
+    # types, defaults, choices, ranges and endpoint shapes). Keep the two in step; TRIGGER (below the class) is
+    # paired with module_utils/kv/events_check.py TRIGGER_SPEC. tests/unit/plugins/doc_fragments/test_fragments.py
+    # holds each against its spec.
     DOCUMENTATION = r"""
 options:
   endpoint:
@@ -64,3 +68,42 @@ options:
     type: float
     default: 30.0
 """
+
+
+# The trigger request of a KV-event check, its HTTP options those of the _http fragment. Set after the class because
+# ansible-test's yamllint reads a fragment class's attributes as string literals.
+_TRIGGER = r"""
+options:
+  trigger:
+    description:
+      - Send one completion request to an OpenAI-compatible server after the subscription is live (after the peer
+        connected, plus O(trigger.delay)), to make the engine publish events.
+    type: dict
+    suboptions:
+      url:
+        description: Base URL of the OpenAI-compatible server, for example V(http://127.0.0.1:8000) (C(/v1) is added if missing).
+        type: str
+        required: true
+      model:
+        description: Model name for the request; when omitted the first model of C(/v1/models) is used.
+        type: str
+      prompt:
+        description:
+          - Prompt text; make it longer than one KV block (for example more than 16 or 32 tokens) or no block is stored.
+          - Never returned or captured.
+          - When omitted, a built-in English prompt of about 100 tokens is used.
+        type: str
+      max_tokens:
+        description: Tokens to generate, between V(1) and V(1000000).
+        type: int
+        default: 1
+      headers:
+        description: Extra HTTP headers.
+        type: dict
+        default: {}
+      delay:
+        description: Seconds to wait after the peer connected before sending, so the subscription has propagated (at most V(3600)).
+        type: float
+        default: 0.5
+"""
+ModuleDocFragment.TRIGGER = _TRIGGER + http_suboptions("trigger")

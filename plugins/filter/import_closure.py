@@ -7,9 +7,10 @@
 
 Documented in ``plugins/filter/import_closure.yml``. The walk:
 
-* a script (a file outside the package, such as ``tools/cluster_verify.py``) brings the scripts beside it that it
-  imports by name (``from _loader import module_utils``: ``tools/_loader.py``, as ``sys.path[0]`` does) and the
-  package modules it loads by literal name (``module_utils("kv.events_check")``: ``plugins/module_utils/kv/events_check.py``);
+* a script (a file outside the package, such as ``roles/cluster_verify/files/cluster_verify.py``) brings the scripts
+  beside it that it imports by name (``from _loader import module_utils``: ``_loader.py`` beside it, as ``sys.path[0]``
+  does) and the package modules it loads by literal name (``module_utils("kv.events_check")``:
+  ``plugins/module_utils/kv/events_check.py``);
 * a package module brings what its relative imports name (``from .wire import X``, ``from ..http.args import Y``,
   ``from . import wire``), each module once, and the ``__init__.py`` of every package on the way.
 
@@ -139,7 +140,8 @@ def _relative_imports(root, package, rel, tree):
 
 
 def import_closure(entries, root, package="plugins/module_utils", loader="module_utils"):
-    """``['tools/cluster_verify.py'] | inference_cache.substrate.import_closure(root)``: every file the scripts need.
+    """``['roles/cluster_verify/files/cluster_verify.py'] | inference_cache.substrate.import_closure(root)``: every file
+    the scripts need.
 
     ``entries`` are paths relative to ``root`` (a string is one entry). The result lists them first, in their order,
     then every other file reached, sorted; all paths relative to ``root`` with ``/`` separators.

@@ -39,6 +39,7 @@ author:
 extends_documentation_fragment:
   - inference_cache.substrate._attributes
   - inference_cache.substrate._attributes.CHECK
+  - inference_cache.substrate._engines.EPP_ROUTE
 options:
   epp:
     description: The EPP's ext_proc service.
@@ -83,74 +84,6 @@ options:
         description: Headers sent with every request (for example C(x-llm-d-inference-objective)).
         type: dict
         default: {}
-  engines:
-    description: The EPP's endpoints, each with its HTTP server and its KV-event stream. All must run the same block size.
-    type: list
-    elements: dict
-    required: true
-    suboptions:
-      name:
-        description: Name used in the results. Defaults to the pod id of O(engines[].topic) (C(host:port)), else O(engines[].address).
-        type: str
-      url:
-        description: Base URL of the engine's OpenAI-compatible server, without C(/v1).
-        type: str
-        required: true
-      endpoint:
-        description: The engine's KV-event ZMQ endpoint (C(tcp://HOST:PORT)).
-        type: str
-        required: true
-      socket_mode:
-        description:
-          - V(connect) when the engine binds its endpoint (vLLM binds endpoints with C(*)), V(bind) when it connects.
-        type: str
-        choices: [connect, bind]
-        default: connect
-      topic:
-        description:
-          - The engine's KV-event topic, C(kv@<host>:<port>@<model>) as the router identifies engines, or a prefix of it
-            (ZMQ topics match by prefix). Messages under another topic are counted, not indexed. Empty accepts every topic.
-        type: str
-      replay_endpoint:
-        description:
-          - The engine's replay endpoint. Used at the start to load the engine's buffered history from seq 0 and to
-            repair gaps.
-        type: str
-      api_key:
-        description: "Bearer token for this engine's server, sent as C(Authorization: Bearer ...). Never logged."
-        type: str
-      validate_certs:
-        description:
-          - Verify the server's TLS certificate for C(https://) URLs.
-          - Set to V(false) only for a server with a self-signed certificate you trust.
-        type: bool
-        default: true
-      ca_path:
-        description: PEM file of the certificate authorities to trust instead of the system's.
-        type: path
-      client_cert:
-        description:
-          - PEM file of a client certificate for servers that require mutual TLS.
-          - It may contain the private key too; otherwise set O(engines[].client_key).
-        type: path
-      client_key:
-        description: PEM file of the private key of O(engines[].client_cert). Requires O(engines[].client_cert).
-        type: path
-      use_proxy:
-        description: Use the proxy named by the C(http_proxy), C(https_proxy) and C(no_proxy) environment variables.
-        type: bool
-        default: true
-      max_body_bytes:
-        description:
-          - Largest answer read from the server, in bytes. A larger answer fails the module with one sentence.
-          - Between 1024 and 1073741824.
-        type: int
-        default: 16777216
-      address:
-        description:
-          - C(host:port) the EPP knows this endpoint by (the pod IP and the engine's port). Defaults to the host and port
-            of O(engines[].url).
-        type: str
   requests:
     description: The requests to route, one after the other.
     type: list

@@ -93,6 +93,13 @@ options:
     description: Seconds the build may take, waiting on another run's lock included.
     type: int
     default: 3600
+  remedy:
+    description:
+      - What to do when the Go module proxy cannot serve the module or one it requires, said at the end of the failure's
+        sentence in place of the advice to set C(GOPROXY) (for example how to give a binary built elsewhere).
+      - Empty means that advice.
+    type: str
+    default: ""
 """
 
 EXAMPLES = r"""
@@ -132,7 +139,7 @@ seconds:
 from ansible_collections.inference_cache.substrate.plugins.module_utils.common.errors import CheckError
 from ansible_collections.inference_cache.substrate.plugins.module_utils.common.module import ansible_module
 from ansible_collections.inference_cache.substrate.plugins.module_utils.common.options import validate
-from ansible_collections.inference_cache.substrate.plugins.module_utils.engine.gobuild import GoBuild
+from ansible_collections.inference_cache.substrate.plugins.module_utils.build.gobuild import GoBuild
 
 
 def _packages_problem(packages, name):
@@ -157,6 +164,7 @@ OPTIONS = dict(
     min_go_version=dict(type="str", default="1.24"),
     environment=dict(type="dict", default={}),
     timeout=dict(type="int", default=3600, range=(0, None, "open-low"), must_be="a positive number of seconds"),
+    remedy=dict(type="str", default=""),
 )
 
 

@@ -32,6 +32,7 @@ requirements:
   - msgspec >= 0.18
 extends_documentation_fragment:
   - inference_cache.substrate.kv_events
+  - inference_cache.substrate.kv_events.TRIGGER
   - inference_cache.substrate._attributes
   - inference_cache.substrate._attributes.CHECK
 attributes:
@@ -59,67 +60,6 @@ options:
       - V(0) stops as soon as the expectations are met. At most V(3600).
     type: float
     default: 1.0
-  trigger:
-    description:
-      - Send one completion request to an OpenAI-compatible server after the subscription is live (after the peer
-        connected, plus O(trigger.delay)), to make the engine publish events.
-    type: dict
-    suboptions:
-      url:
-        description: Base URL of the OpenAI-compatible server, for example V(http://127.0.0.1:8000) (C(/v1) is added if missing).
-        type: str
-        required: true
-      model:
-        description: Model name for the request; when omitted the first model of C(/v1/models) is used.
-        type: str
-      prompt:
-        description:
-          - Prompt text; make it longer than one KV block (for example more than 16 or 32 tokens) or no block is stored.
-          - Never returned or captured.
-          - When omitted, a built-in English prompt of about 100 tokens is used.
-        type: str
-      max_tokens:
-        description: Tokens to generate, between V(1) and V(1000000).
-        type: int
-        default: 1
-      api_key:
-        description: "Bearer token for the server, sent as C(Authorization: Bearer ...). Never logged."
-        type: str
-      validate_certs:
-        description:
-          - Verify the server's TLS certificate for C(https://) URLs.
-          - Set to V(false) only for a server with a self-signed certificate you trust.
-        type: bool
-        default: true
-      ca_path:
-        description: PEM file of the certificate authorities to trust instead of the system's.
-        type: path
-      client_cert:
-        description:
-          - PEM file of a client certificate for servers that require mutual TLS.
-          - It may contain the private key too; otherwise set O(trigger.client_key).
-        type: path
-      client_key:
-        description: PEM file of the private key of O(trigger.client_cert). Requires O(trigger.client_cert).
-        type: path
-      use_proxy:
-        description: Use the proxy named by the C(http_proxy), C(https_proxy) and C(no_proxy) environment variables.
-        type: bool
-        default: true
-      max_body_bytes:
-        description:
-          - Largest answer read from the server, in bytes. A larger answer fails the module with one sentence.
-          - Between 1024 and 1073741824.
-        type: int
-        default: 16777216
-      headers:
-        description: Extra HTTP headers.
-        type: dict
-        default: {}
-      delay:
-        description: Seconds to wait after the peer connected before sending, so the subscription has propagated (at most V(3600)).
-        type: float
-        default: 0.5
   capture_path:
     description:
       - Write every received event as one JSON line (metadata only, token ids only with O(include_token_ids)) to this
@@ -251,6 +191,16 @@ removed_after_stored:
   returned: always
   type: int
   sample: 0
+media:
+  description:
+    - RV(stored_blocks), RV(stored_tokens), RV(removed_blocks) and RV(block_size) per medium of the events (the cache
+      tier; V(unspecified) when an event names none). vLLM names its own cache V(GPU), even on CPU; LMCache's connector
+      in vLLM announces the chunks LMCache stored as V(CPU), in chunks of LMCache's chunk size.
+  returned: always
+  type: dict
+  sample:
+    GPU: {stored_blocks: 8, stored_tokens: 256, removed_blocks: 0, block_size: 32}
+    CPU: {stored_blocks: 4, stored_tokens: 256, removed_blocks: 0, block_size: 64}
 wire_format:
   description: Encoding seen (C(batch) array or map, C(events) map or array, C(hashes) int or bytes); a list if mixed.
   returned: always

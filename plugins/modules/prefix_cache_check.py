@@ -139,6 +139,14 @@ metric_names:
   returned: success
   type: dict
   sample: {hits: "vllm:prefix_cache_hits_total", queries: "vllm:prefix_cache_queries_total"}
+external_prefix_cache:
+  description:
+    - Whether the engine exports the external prefix-cache counters of a KV connector (C(vllm:external_prefix_cache_queries_total)),
+      that is, a connector with a tier of its own, such as LMCache, is configured. The role C(inference_cache.substrate.verify) then
+      checks that tier (M(inference_cache.substrate.lmcache_check)) when C(verify_lmcache) is V(auto).
+  returned: success
+  type: bool
+  sample: false
 nonce:
   description: Unique text at the start of the shared prefix.
   returned: success

@@ -113,6 +113,8 @@ CASES = {
                                       cluster_verify_router={"request_url": "http://inference-gateway-istio.inference-cache.svc:80"}),
     "gpu-lmcache-precise-loadbalancer": case("vllm_lmcache", "precise", "LoadBalancer", kind_cluster_mode="nvkind"),
     "gpu-lmcache-approximate-clusterip": case("vllm_lmcache", "approximate", "ClusterIP"),
+    # vLLM's in-process LMCache connector (LMCacheConnectorV1, LMCACHE_* variables) instead of the LMCache server beside it
+    "gpu-lmcache-in-process": case("vllm_lmcache", "precise", "ClusterIP", model_server_lmcache_mode="in_process"),
     "sglang-precise-clusterip": case("sglang_lmcache", "precise", "ClusterIP", model_server_tensor_parallel_size=2),
     "sglang-approximate-loadbalancer": case("sglang_lmcache", "approximate", "LoadBalancer", kind_cluster_mode="nvkind"),
     "cpu-precise-speculative": case("vllm_cpu", "precise", "ClusterIP", router_speculative_indexing=True, router_speculative_ttl="5s"),
@@ -185,9 +187,10 @@ GIE_CASES = {
     # replicas (leader election).
     "gie-sglang-istio-ha": gie_case("sglang_lmcache", model_server_tensor_parallel_size=2, router_chart="gateway",
                                     router_gateway_provider="istio", router_gateway_namespace="gateways", router_epp_replicas=2),
-    # GKE Inference Gateway: its policies; plain gRPC ext_proc and the EPP's /metrics behind a token.
+    # GKE Inference Gateway: its policies; plain gRPC ext_proc and the EPP's /metrics behind a token (with the ClusterRole
+    # that lets the EPP check tokens); its proxies, outside the cluster, admitted to ext_proc by their address range.
     "gie-gpu-gke": gie_case("vllm_lmcache", router_chart="gateway", router_gateway_provider="gke", router_epp_secure_serving=False,
-                            router_epp_metrics_auth=True, kind_cluster_mode="nvkind"),
+                            router_epp_metrics_auth=True, kind_cluster_mode="nvkind", router_ext_proc_source_cidrs=["10.129.0.0/23"]),
     # kgateway (or any Gateway that needs no provider objects): the HTTPRoute only.
     "gie-kgateway": gie_case(router_chart="gateway"),
     # A mirror of the pinned image (parts), other weights, extra values that reach the templates.
@@ -216,11 +219,12 @@ GIE_NEGATIVE = {
                            "so engines running as prefill and decode groups (pd_roles true) cannot be served: set router_impl=llm-d"),
     "neg-gie-nodeport": (gie_case(router_service_type="NodePort"),
                          "so router_service_type must be ClusterIP (send requests to your Gateway)"),
-    "neg-gie-chart-false-flag": (gie_case(router_chart_ref="/srv/charts/inferencepool-v1.4.0.tgz", router_epp_secure_serving=False),
+    "neg-gie-chart-false-flag": (gie_case(router_chart_ref="/srv/charts/inferencepool-v1.4.0.tgz", router_epp_secure_serving=False,
+                                          router_epp_pprof=True),
                                  "passes each EPP flag as two arguments and the EPP reads a boolean flag without '=' as true, so "
                                  "secure-serving set to false would stay true"),
     "neg-gie-chart-gateway-namespace": (gie_case(router_chart_ref="/srv/charts/inferencepool-v1.4.0.tgz", router_chart="gateway",
-                                                 router_gateway_namespace="gateways"),
+                                                 router_gateway_namespace="gateways", router_epp_pprof=True),
                                         "has no Gateway namespace, so router_gateway_namespace=gateways cannot be honoured"),
 }
 

@@ -185,7 +185,8 @@ def test_only_the_configurations_of_the_epps_that_run():
 
 
 def _args(epp=(), llmd=(("precise", {}),), gie=(("gie", {}), ("gie-equal", {}))):
-    return argparse.Namespace(epp=list(epp), epp_config=list(llmd), gie_config=list(gie), kv_port=5810, epp_listen_all=False)
+    return argparse.Namespace(epp=list(epp), epp_config=list(llmd), gie_config=list(gie), kv_port=5810, epp_listen_all=False,
+                              gie_pool=B.GIE_POOL_MANIFESTS)
 
 
 def _resolvers(llmd=None, gie=None):

@@ -76,7 +76,7 @@ def test_bench_site_splits_a_run_into_its_phases():
         {"name": "model", "path": role % ("local_engine", "model"), "action": "ansible.builtin.script", "start": 12.0, "cpu": 2.0},
         {"name": "launcher", "path": role % ("local_engine", "service"), "action": "ansible.builtin.template", "start": 15.0, "cpu": 9.0},
         {"name": "engine", "path": role % ("local_engine", "service"),
-         "action": "inference_cache.substrate.local_engine_service", "start": 16.0, "cpu": 10.0},
+         "action": "inference_cache.substrate.local_service", "start": 16.0, "cpu": 10.0},
         {"name": "check", "path": role % ("verify", "main"), "action": "inference_cache.substrate.kv_events_check", "start": 46.0, "cpu": 10.5},
     ]
     phases, cpu, slowest = bench_site.breakdown({"tasks": tasks, "elapsed": 50.0, "cpu": 13.0}, 55.0)

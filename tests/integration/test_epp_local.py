@@ -3,7 +3,8 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
 
-"""tools/_epp_local.py: the local EPP's confinement to loopback, its file discovery, its errors.
+"""plugins/module_utils/epp/local.py (and service/confine.py): the local EPP's confinement to loopback, its file
+discovery, its errors.
 
 A stand-in program plays the EPP's network side: like the EPP v0.9.0 it listens on every interface on the ports its
 flags name (ext_proc, health, metrics), and on each request it reads every endpoint of its file-discovery list and
@@ -29,8 +30,7 @@ import urllib.request
 
 import pytest
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "tools"))
-import _epp_local as L  # noqa: E402  pylint: disable=wrong-import-position
+from ansible_collections.inference_cache.substrate.plugins.module_utils.epp import local as L
 
 STAND_IN = textwrap.dedent('''\
     import argparse, http.server, json, sys, threading, urllib.request
@@ -249,7 +249,7 @@ def test_resolve_binary_names_what_is_wrong(tmp_path, monkeypatch):
     assert path is None and why == "%s is no executable file; give the path of an EPP %s binary." % (tmp_path / "missing", L.ROUTER_VERSION)
     monkeypatch.delenv("SUBSTRATE_EPP_BINARY", raising=False)
     monkeypatch.setenv("HOME", str(tmp_path))
-    path, why = L.resolve_binary(install=False)
+    path, why = L.resolve_binary()
     assert path is None and why.startswith("No EPP binary given and none at %s" % tmp_path)
 
 
@@ -266,7 +266,7 @@ def test_an_unshare_that_is_refused_asks_for_user_namespaces_or_an_unconfined_ep
 
 
 def test_no_unshare_at_all_is_one_sentence(stand_in, tmp_path, monkeypatch):
-    monkeypatch.setattr(L.shutil, "which", lambda name: None)
+    monkeypatch.setattr(shutil, "which", lambda name: None)
     with pytest.raises(L.EPPError, match=r"^Cannot confine the EPP to loopback: no unshare command \(util-linux\); install it, or ask "
                        r"for an unconfined EPP, whose ports listen on every interface\.$"):
         L.EPP(stand_in, {"plugins": []}, [("a", "127.0.0.1", 8000)], str(tmp_path))
@@ -277,7 +277,7 @@ def test_resolve_epp_takes_llm_d_first_then_the_gie_build(tmp_path, monkeypatch)
     monkeypatch.setenv("HOME", str(tmp_path))
     monkeypatch.delenv("SUBSTRATE_EPP_BINARY", raising=False)
     monkeypatch.delenv("SUBSTRATE_EPP_IMPL", raising=False)
-    path, impl, why = L.resolve_epp(install=False)
+    path, impl, why = L.resolve_epp()
     assert path is None and impl is None
     assert why.startswith("No EPP binary given and none at %s" % tmp_path) and "No GIE EPP %s at %s" % (L.GIE_VERSION, tmp_path) in why
     gie = tmp_path / ".cache" / "inference_cache" / "kwok_cluster" / "bin" / ("gie-%s" % L.GIE_VERSION)
@@ -285,15 +285,15 @@ def test_resolve_epp_takes_llm_d_first_then_the_gie_build(tmp_path, monkeypatch)
     (gie / "epp").write_text("#!/bin/sh\n")
     (gie / "epp").chmod(0o755)
     (gie / "inferencepool-crds.yaml").write_text("---\n")
-    assert L.resolve_epp(install=False) == (str(gie / "epp"), "gie", None)
+    assert L.resolve_epp() == (str(gie / "epp"), "gie", None)
     named = tmp_path / "llm-d-epp"
     named.write_text("#!/bin/sh\n")
     named.chmod(0o755)
     monkeypatch.setenv("SUBSTRATE_EPP_BINARY", str(named))
-    assert L.resolve_epp(install=False) == (str(named), "llm-d", None)
-    assert L.resolve_epp(impl="gie", install=False) == (str(gie / "epp"), "gie", None)   # an llm-d binary is not a GIE one
+    assert L.resolve_epp() == (str(named), "llm-d", None)
+    assert L.resolve_epp(impl="gie") == (str(gie / "epp"), "gie", None)   # an llm-d binary is not a GIE one
     monkeypatch.setenv("SUBSTRATE_EPP_IMPL", "gie")
-    assert L.resolve_epp(install=False) == (str(named), "gie", None)
+    assert L.resolve_epp() == (str(named), "gie", None)
     assert L.resolve_epp(impl="nginx")[2] == "EPP nginx is none this collection knows (gie, llm-d)."
 
 

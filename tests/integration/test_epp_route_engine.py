@@ -9,17 +9,18 @@ Two engines through ``playbooks/kv_index.yml`` (instances ``eppr-a`` on 127.0.0.
 127.0.0.2:8310, one port on two addresses as an InferencePool's target port requires, with ``--enable-scale-out`` so the
 llm-d EPP's token producer gets the engines' own tokens from ``/v1/completions/render``).
 
-Which EPP (``tools/_epp_local.resolve_epp``, said at the start of the run): llm-d's where it can be had
-(``SUBSTRATE_EPP_BINARY``, else ``go install`` of the pinned version, which the Go module proxy here refuses), else the
-Gateway API Inference Extension's EPP, built from its Go module (``make gie-epp``).
+Which EPP (``plugins/module_utils/epp/local.resolve_epp``, said at the start of the run): llm-d's where it can be had
+(``SUBSTRATE_EPP_BINARY``, else the build of ``vars/go_builds.yml`` llm-d-router, which the Go module proxy here
+refuses), else the Gateway API Inference Extension's EPP, built from its Go module (``make gie-epp``).
 
 * llm-d: file discovery over the engines. Each engine connects to its KV-event endpoint; a relay binds it and
   republishes at ``tcp://<engine address>:<one common port>``, the endpoint the precise producer dials and the check
   subscribes to. Configs: what the router role renders (precise and approximate, its default weights).
 * gie: it discovers its endpoints through the Kubernetes API only, so the tests start a kwok cluster of their own (a
-  real kube-apiserver, roles/kwok_cluster) holding an InferencePool over one simulated pod per engine, each pod's IP
-  the address of its real engine (kwok_cluster's pod-IP stage); the EPP reconciles the pool as in a cluster and routes
-  to the real engines. Config: the GIE chart's default scorers (queue 2, KV-cache utilization 2, prefix 3), which the
+  real kube-apiserver, roles/kwok_cluster) holding the router role's InferencePool (rendered for router_impl gie,
+  ``epp/local_kube.GIEPool``) over one simulated pod per engine, each pod's IP the address of its real engine
+  (kwok_cluster's pod-IP stage); the EPP reconciles the pool as in a cluster and routes to the real engines. Config:
+  the GIE chart's default scorers (queue 2, KV-cache utilization 2, prefix 3), which the
   router role renders for router_impl gie. Approximate only: it learns a prefix from its own picks, so it is warmed
   through itself (the pick asked, then the request sent to the picked engine, as the Gateway would).
 
@@ -35,6 +36,7 @@ import fcntl
 import json
 import os
 import re
+import shutil
 import sys
 import tempfile
 import urllib.request
@@ -44,12 +46,13 @@ import pytest
 from ansible_collections.inference_cache.substrate.plugins.module_utils.common.errors import CheckError
 from ansible_collections.inference_cache.substrate.plugins.module_utils.common.wiring import kv_topic, topic_filter
 from ansible_collections.inference_cache.substrate.plugins.module_utils.epp.extproc import ask_pick
+from ansible_collections.inference_cache.substrate.plugins.module_utils.epp.local import (
+    EPP, GIE_VERSION, ROUTER_VERSION, Relay, free_port, gie_crds, resolve_binary, resolve_epp, wait_subscribed)
+from ansible_collections.inference_cache.substrate.plugins.module_utils.epp.local_kube import GIEPool, rendered_pool
 from ansible_collections.inference_cache.substrate.plugins.module_utils.epp.route_check import RouteCheck
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _engine_lane import ENGINE_PYTHON, ROOT, STATE_DIR, playbook, skip_or_fail  # noqa: E402  pylint: disable=wrong-import-position
-sys.path.insert(0, os.path.join(ROOT, "tools"))
-from _epp_local import EPP, GIEPool, GIE_VERSION, ROUTER_VERSION, Relay, free_port, gie_crds, resolve_binary, resolve_epp, wait_subscribed  # noqa: E402,E501  pylint: disable=wrong-import-position,line-too-long
+from _engine_lane import ENGINE_PYTHON, STATE_DIR, playbook, skip_or_fail  # noqa: E402  pylint: disable=wrong-import-position
 
 MODEL, BLOCK_SIZE, HASH_SEED = "tiny", 32, "0"   # the local_engine role's defaults
 ENGINES = [
@@ -66,12 +69,24 @@ KWOK_PLAYBOOK = """
   roles:
     - role: inference_cache.substrate.kwok_cluster
 """
+# The router role's objects for router_impl gie (as benchmarks/epp_configs.yml renders them): its InferencePool, whose
+# selector the pool's simulated pods carry.
+ROUTER_PLAYBOOK = """
+- hosts: localhost
+  gather_facts: false
+  roles:
+    - role: inference_cache.substrate.router
+      vars:
+        router_impl: gie
+        router_scoring_mode: approximate
+        router_allow_unpinned_images: true
+"""
 POOL, NAMESPACE = "eppr-pool", "epp-route-test"
 _RESOLVED = {}
 
 
 def epp_under_test():
-    """``(binary, impl)`` of the EPP these tests run (tools/_epp_local.resolve_epp); the reason, failing, when none can be had."""
+    """``(binary, impl)`` of the EPP these tests run (epp/local.resolve_epp); the reason, failing, when none can be had."""
     if "path" not in _RESOLVED:
         _RESOLVED["path"], _RESOLVED["impl"], _RESOLVED["why"] = resolve_epp()
         if not _RESOLVED["path"]:
@@ -87,7 +102,7 @@ def epp_binary():
 
 def _which_epp(impl, binary):
     if impl == "gie":
-        _path, why = resolve_binary(install=False)
+        _path, why = resolve_binary()
         return "the Gateway API Inference Extension's EPP %s (%s), llm-d's EPP %s being absent (%s)" % (GIE_VERSION, binary, ROUTER_VERSION, why)
     return "the llm-d EPP %s (%s)" % (ROUTER_VERSION, binary)
 
@@ -155,14 +170,27 @@ def _approximate_config():
     }
 
 
-def _kwok(*extra):
+def _kwok(folder, *extra):
     """One run of roles/kwok_cluster with the tests' cluster settings (state present unless told)."""
-    folder = tempfile.mkdtemp(prefix="epp-kwok-")
     path = os.path.join(folder, "kwok.yml")
     with open(path, "w", encoding="utf-8") as out:
         out.write(KWOK_PLAYBOOK)
     variables = dict(KWOK, ansible_python_interpreter=sys.executable)
     return playbook("-i", "localhost,", "-c", "local", path, "-e", json.dumps(variables), *extra)
+
+
+def _router_pool(folder):
+    """The InferencePool the router role renders for router_impl gie over the tests' engines (selector app=eppr)."""
+    path = os.path.join(folder, "router.yml")
+    with open(path, "w", encoding="utf-8") as out:
+        out.write(ROUTER_PLAYBOOK)
+    variables = {"router_render_dir": os.path.join(folder, "render"), "router_engine": {
+        "served_model_name": MODEL, "block_size": BLOCK_SIZE, "hash_seed": HASH_SEED, "engine_type": "vllm",
+        "topic": kv_topic(ENGINES[0]["host"], ENGINES[0]["port"], MODEL), "kv_events_port": ENGINES[0]["kv_events_port"],
+        "selector": {"app": "eppr"}, "http_port": ENGINES[0]["port"]}, "ansible_python_interpreter": sys.executable}
+    rendered = playbook("-i", "localhost,", "-c", "local", path, "-e", json.dumps(variables))
+    assert rendered.returncode == 0, rendered.stdout[-4000:]
+    return rendered_pool(os.path.join(folder, "render", "router", "manifests.yaml"))
 
 
 class Lane:
@@ -180,10 +208,12 @@ class Lane:
 
     def start_pool(self):
         """The GIE EPP's side of Kubernetes: the kwok cluster, the CRDs, the pool's pods on the engines' addresses."""
-        started = _kwok()
+        pool = _router_pool(self.folder)
+        started = _kwok(self.folder)
         assert started.returncode == 0, started.stdout[-4000:]
         self.kubeconfig = os.path.expanduser("~/.cache/inference_cache/kwok_cluster/clusters/%s/kubeconfig" % KWOK["kwok_cluster_name"])
-        self.pool = GIEPool(self.kubeconfig, NAMESPACE, POOL, [(e["instance"], e["host"]) for e in ENGINES], ENGINES[0]["port"])
+        self.pool = GIEPool(self.kubeconfig, pool, [(e["instance"], e["host"]) for e in ENGINES], name=POOL, namespace=NAMESPACE,
+                            port=ENGINES[0]["port"])
         self.pool.apply(crds=gie_crds())
 
     def config(self, mode):
@@ -274,7 +304,8 @@ def lane(capsys_disabled_print):
                 if here.pool is not None:
                     here.pool.delete()
             stop = playbook("playbooks/kv_index.yml", "-e", "kv_index_state=absent", *ENGINE_VARS)
-            stopped = _kwok("-e", "kwok_cluster_state=absent") if impl == "gie" else None
+            stopped = _kwok(folder, "-e", "kwok_cluster_state=absent") if impl == "gie" else None
+            shutil.rmtree(folder, ignore_errors=True)
             fcntl.flock(lock, fcntl.LOCK_UN)
             assert stop.returncode == 0, stop.stdout[-3000:]
             assert stopped is None or stopped.returncode == 0, stopped.stdout[-3000:]

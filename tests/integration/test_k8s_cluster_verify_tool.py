@@ -3,7 +3,7 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
 
-"""tools/cluster_verify.py run as the cluster_verify Job runs it (a subprocess, real HTTP), against stand-ins.
+"""roles/cluster_verify/files/cluster_verify.py run as the cluster_verify Job runs it (a subprocess, real HTTP), against stand-ins.
 
 Two engine "pods" listen on the same port at 127.0.0.1 and 127.0.0.2 (the pod IPs), each serving /v1/completions
 and a vLLM-style /metrics whose prefix-cache hit counter moves when a prompt shares leading words with one it
@@ -40,7 +40,7 @@ except ImportError:  # pragma: no cover
     pytest.skip("Python 3.7+ http.server is required", allow_module_level=True)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-TOOL = os.path.join(ROOT, "tools", "cluster_verify.py")
+TOOL = os.path.join(ROOT, "roles", "cluster_verify", "files", "cluster_verify.py")
 PODS = ("127.0.0.1", "127.0.0.2")
 
 

@@ -805,12 +805,12 @@ def test_verifier_configmap_carries_the_tools_import_closure(run):
         import import_closure  # pylint: disable=import-error,import-outside-toplevel
     finally:
         sys.path.pop(0)
-    files = import_closure.import_closure(["tools/cluster_verify.py"], ROOT)
+    files = import_closure.import_closure(["roles/cluster_verify/files/cluster_verify.py"], ROOT)
     _args, config, job = _verifier(run, "verify-report")
     assert sorted(config["data"]) == sorted(f.replace("/", ".") for f in files)
     items = [v for v in job["spec"]["template"]["spec"]["volumes"] if v["name"] == "code"][0]["configMap"]["items"]
     assert [i["path"] for i in items] == files
-    assert "tools/_loader.py" in files and "plugins/module_utils/engine/process.py" not in files
+    assert not [f for f in files if f.startswith("tools/")] and "plugins/module_utils/service/supervisor.py" not in files
 
 
 # Issue 28: model_server and another field manager's .spec.replicas (the same on a real API server: test_kwok_roles.py).

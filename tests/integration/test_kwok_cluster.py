@@ -176,6 +176,45 @@ def test_every_rendered_manifest_passes_a_server_side_dry_run(cluster, rendered_
     assert passed >= len(R.CASES) * 4  # a Deployment, two Services and a NetworkPolicy per case at least
 
 
+# router_impl gie (the render cases of test_render_router_gie.py): every object the router role renders, its own included
+# (the ClusterRole and binding metrics authentication needs, a NetworkPolicy with an ipBlock for a managed Gateway). The
+# HTTPRoute, Istio's DestinationRule and GKE's policies are of CRDs this cluster lacks.
+GIE_CRD_GROUPS = CRD_GROUPS + ("networking.istio.io", "networking.gke.io")
+
+
+def test_every_gie_router_object_passes_a_server_side_dry_run(cluster, tmp_path):
+    import test_render_router_gie as G  # pylint: disable=import-error,import-outside-toplevel
+    from kubernetes.dynamic.exceptions import ResourceNotFoundError  # pylint: disable=import-outside-toplevel
+    config = tmp_path / "user-epp-config.yaml"
+    config.write_text(yaml.safe_dump(G.USER_CONFIG))
+    cases = dict((name, dict((k, str(config) if v == "@USER_CONFIG@" else v) for k, v in host.items())) for name, host in R.GIE_CASES.items())
+    code, output, out = R.run_render(str(tmp_path), cases)
+    assert code == 0, output[-4000:]
+    docs = [(name, doc) for name in sorted(cases) for doc in R.load_case(out, name)["manifests"]["router"]]
+    client = _dynamic(cluster["api"])
+    _apply_generated_crds(client)
+    namespaces = client.resources.get(api_version="v1", kind="Namespace")
+    for namespace in sorted({doc["metadata"].get("namespace") for unused_name, doc in docs} - {None}):
+        if not [n for n in namespaces.get().items if n.metadata.name == namespace]:
+            namespaces.create(body={"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}})
+    passed, refused = [], []
+    for name, doc in docs:
+        try:
+            resource = client.resources.get(api_version=doc["apiVersion"], kind=doc["kind"])
+        except ResourceNotFoundError:
+            assert doc["apiVersion"].split("/")[0] in GIE_CRD_GROUPS, "%s/%s of %s" % (doc["apiVersion"], doc["kind"], name)
+            continue
+        try:
+            resource.server_side_apply(body=doc, name=doc["metadata"]["name"], namespace=doc["metadata"].get("namespace"),
+                                       field_manager="substrate-dry-run", dry_run="All", force_conflicts=True,
+                                       query_params=[("fieldValidation", "Strict")])
+            passed.append(doc["kind"])
+        except Exception as exc:  # pylint: disable=broad-exception-caught  # every refusal is reported together
+            refused.append("%s %s/%s: %s" % (name, doc["kind"], doc["metadata"]["name"], getattr(exc, "body", None) or exc))
+    assert not refused, "\n".join(refused)
+    assert {"InferencePool", "Deployment", "NetworkPolicy", "ClusterRole", "ClusterRoleBinding"} <= set(passed), sorted(set(passed))
+
+
 def test_a_second_run_changes_nothing(cluster):
     code, output, counts = run_role(cluster["tmp"])
     assert code == 0, output[-4000:]

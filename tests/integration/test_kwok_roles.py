@@ -269,3 +269,67 @@ def test_the_verifier_leaves_no_job_configmap_or_pod_unless_kept(cluster):
     code, output, counts = run_role(tmp, "cluster_verify", **verify)
     assert code == 0 and counts["changed"] == 0, output[-4000:]
     assert _verifier_objects(cluster, ns) == ([], [], [])
+
+
+# The GPU memory plan of model_server (roles/model_server/tasks/sizing.yml): what it plans for, from what.
+LLAMA31_8B = {"num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8, "hidden_size": 4096,
+              "intermediate_size": 14336, "vocab_size": 128256, "torch_dtype": "bfloat16"}
+
+
+def _sizing(**sizing):
+    return {"model_server_profile": "vllm_lmcache", "model_server_allow_unpinned_images": True, "model_server_max_model_len": 131072,
+            "model_server_sizing": dict({"parameters": "8.03B", "model_config": LLAMA31_8B}, **sizing)}
+
+
+def _planned(output):
+    # the YAML callback quotes the message in single quotes, doubling the quotes inside it
+    found = re.findall(r"msg: '((?:[^']|'')*tokens fit per\s+replica(?:[^']|'')*)'", output)
+    return " ".join(found[-1].replace("''", "'").split()) if found else ""
+
+
+# No cluster needed: render mode plans from model_server_sizing and the engine's flags only.
+def test_the_plan_reads_the_engine_flags_and_tells_a_datasheet_figure(tmp_path):
+    code, output, unused_counts = run_role(tmp_path, "model_server", model_server_render_dir=str(tmp_path / "out"),
+                                           model_server_extra_args=["--max-num-batched-tokens", "4096", "--max-num-seqs=64"],
+                                           **_sizing(gpu_memory="141GB"))
+    assert code == 0, output[-4000:]
+    assert ("gpu_memory 141GB (131.32 GiB) is the datasheet figure of an H200, but CUDA reports 139.80 GiB on that card"
+            in _sentence(output)), output[-4000:]
+    planned = _planned(output)
+    assert planned.startswith("H200: 139.8 GiB per GPU as CUDA reports it (from model_server_sizing).") and "a 4096-token batch" in planned
+    # No GPU named: render mode reads no nodes, so it plans nothing and says so (the settings check of kubernetes.yml renders).
+    code, output, unused_counts = run_role(tmp_path, "model_server", model_server_render_dir=str(tmp_path / "out"), **_sizing())
+    assert code == 0 and not _planned(output), output[-4000:]
+    assert ("No GPU memory plan: model_server_sizing names no gpu (a product such as H100-80GB) and no gpu_memory, and render "
+            "mode reads no cluster") in _sentence(output), output[-4000:]
+
+
+def test_the_plan_reads_gpu_feature_discoverys_memory_label(cluster):
+    """Without a GPU in model_server_sizing, the smallest nvidia.com/gpu.memory of the nodes the engines may run on."""
+    from kubernetes import client  # pylint: disable=import-outside-toplevel
+    nodes = client.CoreV1Api(cluster["api"])
+    labels = {"gpu-plan-test": "h200", "nvidia.com/gpu.memory": "143771", "nvidia.com/gpu.product": "NVIDIA-H200"}
+    others = {"gpu-plan-test": "other", "nvidia.com/gpu.memory": "81559"}  # not selected by model_server_node_selector
+    created = []
+    try:
+        for name, node_labels in (("gpu-plan-h200", labels), ("gpu-plan-h100", others)):
+            nodes.create_node({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": node_labels}})
+            created.append(name)
+        variables = engines(cluster, "kwok-gpu-plan", "engines", model_server_node_selector={"gpu-plan-test": "h200"})
+        variables.update(_sizing())
+        code, output, counts = run_role(cluster["tmp"], "model_server", "--skip-tags", "model_server_render,model_server_deploy",
+                                        **variables)
+        assert code == 0 and counts["changed"] == 0, output[-4000:]
+        planned = _planned(output)
+        assert planned.startswith("H200: 139.8 GiB per GPU as CUDA reports it (from the nodes' nvidia.com/gpu.memory label, 143771 "
+                                  "MiB)."), output[-4000:]
+        assert "CUDA reports" not in output.split("Sizing | report the plan")[0].split("Sizing | plan GPU memory")[-1]
+        # No node of that selection carries the label: one sentence, before anything is applied.
+        variables["model_server_node_selector"] = {"gpu-plan-test": "absent"}
+        code, output, counts = run_role(cluster["tmp"], "model_server", "--skip-tags", "model_server_render,model_server_deploy",
+                                        **variables)
+        assert code != 0 and ("model_server_sizing names no gpu (a product such as H100-80GB) and no gpu_memory, and no node the "
+                              "engines may run on carries GPU feature discovery's nvidia.com/gpu.memory label") in _sentence(output)
+    finally:
+        for name in created:
+            nodes.delete_node(name)

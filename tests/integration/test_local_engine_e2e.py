@@ -12,6 +12,11 @@ engine every test here is skipped with that reason; ``LOCAL_ENGINE_REQUIRED=1`` 
 ``LOCAL_ENGINE_OWNED=1`` says that a running default engine belongs to this test run (``make test`` hands over the one its
 molecule scenario converged): the module then treats it as one it started.
 
+LMCache (the default engine runs one beside it when playbooks/site.yml started it, HTTP API 51 above the engine's port):
+the LMCache check passes on the default engine (about 5 s), fails with its sentence on a stopped server, which site.yml
+then starts again with the engine after it (about 40 s, only on an engine this module owns), and on an instance of vLLM's
+in-process connector on CPU (``pytest-lmc-inproc``, port 8120, about 60 s).
+
 The bad-input tests start extra engine instances (instance names ``pytest-*``, ports 8100-8102, replay ports 1000 higher) next to
 the default one, sharing its installation and model, and stop them again. The restart test, the module's last, restarts and stops
 the default engine when this module started it (that stop is the module's teardown); an engine it did not start is left alone,
@@ -153,6 +158,17 @@ def test_verify_playbook_passes_and_writes_a_report(tmp_path):
     assert "llm-d router v0.9.0 (llm-d-kv-cache v0.9.0 vLLM adapter): takes %d of the %d batches checked" % (
         router["checked_batches"], router["checked_batches"]) in summary
     assert "Verification of http://127.0.0.1:8000" in result.stdout
+    # verify.yml finds the LMCache server beside the engine (51 above its port) and checks that tier too, last.
+    lmcache = report["lmcache"]
+    if not _lmcache_up():
+        assert lmcache == {}
+        return
+    assert lmcache["external_hit_tokens"] == lmcache["expected_hit_tokens"] > 0 and lmcache["same_text"] is True
+    assert "LMCache (multiprocess connector, server %s, chunk 64 tokens): LMCache hit %d tokens" % (
+        LMCACHE_URL, lmcache["external_hit_tokens"]) in summary
+    # The engine's own tier and LMCache's side by side: the CPU events of LMCache's connector let the index see the hit.
+    assert "KV-event index predicted %d" % lmcache["events"]["predicted_tokens"] in summary
+    assert "0 tokens of reuse a precise router could not see" in summary
 
 
 # The min-hit assert's message comes from prefix_cache_check, failed above against this engine.
@@ -188,6 +204,104 @@ def test_verify_playbook_over_tls_trusts_only_the_given_authority(tmp_path):
         assert proxy.refused >= 1
     finally:
         proxy.stop()
+
+
+# -- LMCache beside the default engine (playbooks/site.yml runs it for the instance "default") --------------------------
+# The local_engine role puts the LMCache server's HTTP API 51 above the engine's port (8051 beside the default engine).
+LMCACHE_URL = "http://127.0.0.1:%d" % (int(URL.rsplit(":", 1)[1]) + 51)
+KV_ENDPOINT = os.environ.get("LOCAL_ENGINE_KV_ENDPOINT", "tcp://127.0.0.1:5557")
+
+
+def _lmcache_up():
+    try:
+        http.OpenAIClient(LMCACHE_URL, timeout=3).get_text("/healthcheck")
+        return True
+    except http.OpenAIHTTPError:
+        return False
+
+
+def _lmcache_check(args, lmcache_url=LMCACHE_URL):
+    adhoc = os.path.join(os.path.dirname(PLAYBOOK), "ansible")
+    params = dict({"url": URL, "model": "tiny", "chunk_size": 64, "hash_algorithm": "blake3"}, **args)
+    if lmcache_url:
+        params["lmcache_url"] = lmcache_url
+    run = subprocess.run([adhoc, "localhost", "-m", "inference_cache.substrate.lmcache_check", "-a", json.dumps(params)],
+                         cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300, check=False)
+    return run.returncode, json.loads(run.stdout.split("=>", 1)[1])
+
+
+def _need_lmcache():
+    if not _lmcache_up():
+        if os.environ.get("LOCAL_ENGINE_REQUIRED") == "1":
+            pytest.fail("No LMCache server at %s beside the default engine: playbooks/site.yml runs one." % LMCACHE_URL)
+        pytest.skip("No LMCache server at %s beside the default engine (an engine started without playbooks/site.yml)." % LMCACHE_URL)
+
+
+def test_lmcache_gives_a_stored_prompt_back_with_the_same_answer():
+    """About 5 s: a 600-token prompt stored, the engine's prefix cache reset, the prompt back from LMCache."""
+    _need_lmcache()
+    rc, result = _lmcache_check({"kv_events": {"endpoint": KV_ENDPOINT, "socket_mode": "bind",
+                                               "topic": "kv@%s@tiny" % URL.split("://", 1)[1]}})
+    assert rc == 0, result.get("msg")
+    assert result["changed"] is False and result["connector"] == "multiprocess" and result["miss_method"] == "reset"
+    # Only full chunks of 64 come back, short of the last token: 600 prompt tokens give 576.
+    assert result["external_hit_tokens"] == result["expected_hit_tokens"] == (result["prompt_tokens"] - 1) // 64 * 64 >= 512
+    assert result["lmcache_hit_tokens"] >= result["external_hit_tokens"] and result["device_hit_tokens"] == 0
+    assert result["stored_tokens"] == result["prompt_tokens"] // 64 * 64
+    assert result["same_text"] is True and result["logprob_max_difference"] <= 1e-4 and result["compared_tokens"] == 8
+    # LMCache's connector announces its chunks as BlockStored of medium CPU (the role runs the server with
+    # --kv-event-log-size 0), so an index built from the events predicts the hit; no host-tier removal is announced.
+    events = result["events"]
+    assert events["host_events"] is True and events["media"]["CPU"]["block_sizes"] == [64]
+    assert events["after_clear"] is True and events["device_tokens"] == 0
+    assert events["predicted_tokens"] == events["host_tokens"] == result["external_hit_tokens"]
+    assert events["invisible_tokens"] == 0 and events["host_removed_blocks"] == 0
+
+
+def test_lmcache_check_fails_on_a_stopped_server_and_site_brings_it_back():
+    """About 40 s (the engine restarts with the new server): stop the default engine's LMCache server, check, re-converge."""
+    _need_lmcache()
+    if not STARTED_HERE["default"]:
+        pytest.skip("The default engine was not started by this test run: its LMCache server is left alone.")
+    run_dir = os.path.join(STATE_DIR, "run", "default")
+    adhoc = os.path.join(os.path.dirname(PLAYBOOK), "ansible")
+    stop = subprocess.run([adhoc, "localhost", "-m", "inference_cache.substrate.local_service", "-a", json.dumps({
+        "name": "LMCache server", "state": "stopped", "pidfile": os.path.join(run_dir, "lmcache.pid"),
+        "runfile": os.path.join(run_dir, "lmcache.settings.sha1")})], cwd=ROOT, env=ENV, capture_output=True, text=True,
+        timeout=120, check=False)
+    assert stop.returncode == 0 and not _lmcache_up(), stop.stdout[-2000:]
+    rc, result = _lmcache_check({})
+    assert rc != 0 and result["changed"] is False
+    assert result["msg"].startswith("The LMCache server at %s is unreachable (Cannot reach %s/config: Connection refused), "
+                                    "so the engine's LMCacheMPConnector can neither store nor retrieve" % (LMCACHE_URL, LMCACHE_URL))
+    # The role starts the server again and, since the engine's connector registered with the old one, the engine after it.
+    again = _playbook("playbooks/site.yml", "--tags", "local_engine")
+    assert again.returncode == 0 and _recap(again.stdout)["changed"] >= 3, again.stdout[-3000:]
+    rc, result = _lmcache_check({})
+    assert rc == 0 and result["external_hit_tokens"] == result["expected_hit_tokens"] > 0, result.get("msg")
+
+
+def test_lmcache_in_process_connector_on_cpu_is_named(tmp_path):
+    """About 60 s: an instance (port 8120) with vLLM's in-process LMCacheConnectorV1, which on CPU recomputes everything."""
+    _need_lmcache()   # the installation has LMCache once site.yml ran it
+    config = {"kv_connector": "LMCacheConnectorV1", "kv_role": "kv_both"}
+    env = {"LMCACHE_CHUNK_SIZE": "64", "LMCACHE_LOCAL_CPU": "True", "LMCACHE_MAX_LOCAL_CPU_SIZE": "1", "LMCACHE_TRACK_USAGE": "false",
+           # LMCache's in-process metrics then reach vLLM's page (and nothing lands in /tmp/lmcache_prometheus)
+           "PROMETHEUS_MULTIPROC_DIR": str(tmp_path / "prometheus")}
+    (tmp_path / "prometheus").mkdir()
+    args = _instance_vars("pytest-lmc-inproc", 8120) + ["-e", json.dumps({
+        "local_engine_lmcache": False, "local_engine_extra_args": ["--kv-transfer-config", json.dumps(config)], "local_engine_env": env})]
+    try:
+        start = _playbook("playbooks/site.yml", *args)
+        assert start.returncode == 0, start.stdout[-3000:]
+        rc, result = _lmcache_check({"url": "http://127.0.0.1:8120"}, lmcache_url=None)
+        assert rc != 0 and result["connector"] == "in-process" and result["external_hit_tokens"] == 0
+        assert "vLLM runs LMCache's in-process connector (LMCacheConnectorV1" in result["msg"]
+        assert "which on a CPU engine falls back to recompute" in result["msg"] and "run LMCache in multiprocess mode" in result["msg"]
+    finally:
+        stop = _playbook("playbooks/teardown.yml", *args)
+        assert stop.returncode == 0, stop.stdout[-3000:]
+    assert not _left("pytest-lmc-inproc")
 
 
 def test_site_second_run_changes_nothing():
@@ -273,7 +387,8 @@ def test_changed_settings_restart_and_absent_stops():
         new_pid = open(pidfile).read().strip()
         assert new_pid != pid and _gone(pid)
         stop = _playbook("playbooks/teardown.yml", *args)
-        assert stop.returncode == 0 and _recap(stop.stdout)["changed"] == 1
+        # The engine, and the default instance's LMCache server after it (site.yml runs one for "default" only).
+        assert stop.returncode == 0 and _recap(stop.stdout)["changed"] == (2 if name == "default" else 1)
         assert not os.path.exists(pidfile) and _gone(new_pid)
         stop = _playbook("playbooks/teardown.yml", *args)
         assert _recap(stop.stdout)["changed"] == 0

@@ -8,9 +8,9 @@
 * defaults/main.yml and meta/argument_specs.yml list the same variables, all with the role prefix;
 * the launcher template, rendered by Ansible with the role's defaults and run with a stand-in Python, passes the
   engine the command and environment REFERENCE part L says work, ``local_engine_kv_events_options`` merged;
-* the engine's process control (module_utils/engine/process.py and the module local_engine_service) finds a taken port
-  and names its owner, starts and stops a process group, restarts on new settings, and never signals a pid that is not
-  the engine it started (a pid reused after a reboot or after the engine died).
+* teardown and kv_index's absent state stop nothing and change nothing where no engine ever ran (the process control
+  itself, module_utils/service/ and the module local_service, is tested in tests/unit/plugins/module_utils/
+  test_service_*.py and tests/integration/test_local_service.py).
 """
 
 from __future__ import absolute_import, division, print_function
@@ -19,17 +19,11 @@ __metaclass__ = type  # pylint: disable=invalid-name
 
 import json
 import os
-import shlex
-import signal
-import socket
 import subprocess
 import sys
-import time
 
 import pytest
 import yaml
-
-from ansible_collections.inference_cache.substrate.plugins.module_utils.engine import process as ep
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 BIN = os.path.dirname(os.path.join(ROOT, ".venv", "bin", "python"))
@@ -100,6 +94,92 @@ def test_launcher_passes_the_reference_command(tmp_path):
     assert env["VLLM_CACHE_ROOT"] == str(state / "cache" / "vllm") and "PYTHONDONTWRITEBYTECODE" not in env
     # The model worker inside the EngineCore process (local_engine_separate_worker: false): two processes start, not three.
     assert env["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
+    # Temporary files and vLLM's ipc sockets in the instance's folder; the development endpoints on loopback only.
+    tmp = str(state / "run" / "default" / "tmp")
+    assert env["TMPDIR"] == tmp and env["VLLM_SERVER_DEV_MODE"] == "1"
+    # vLLM's ipc sockets in the abstract namespace: no file left behind, whatever the length of the state directory.
+    assert env["VLLM_RPC_BASE_PATH"] == "@inference_cache/default"
+
+
+def _render_lmcache(tmp_path, **settings):
+    """Render engine.sh.j2 and lmcache.sh.j2 with LMCache on; run both with stand-ins; return what each was given."""
+    state = tmp_path / "state"
+    (state / "venv" / "bin").mkdir(parents=True)
+    (state / "run" / "default").mkdir(parents=True)
+    for name in ("python", "lmcache"):
+        stand_in = state / "venv" / "bin" / name
+        stand_in.write_text("#!%s\nimport json, os, sys\njson.dump({'argv': sys.argv[1:], 'env': dict(os.environ)}, "
+                            "open(os.path.join(os.path.dirname(__file__), '%s.json'), 'w'))\n" % (sys.executable, name))
+        stand_in.chmod(0o755)
+    role = os.path.join(ROOT, "roles", "local_engine")
+    playbook = tmp_path / "render.yml"
+    playbook.write_text(yaml.safe_dump([{
+        "hosts": "localhost", "gather_facts": False,
+        "vars_files": [os.path.join(role, "defaults", "main.yml"), os.path.join(role, "vars", "main.yml")],
+        "tasks": [{"ansible.builtin.template": {"src": os.path.join(role, "templates", name + ".sh.j2"),
+                                                "dest": str(state / (name + ".sh")), "mode": "0700"}}
+                  for name in ("engine", "lmcache")],
+    }]))
+    extra = dict({"local_engine_state_dir": str(state), "local_engine_lmcache": True, "ansible_python_interpreter": sys.executable,
+                  "_substrate_pins": {"software": {"lmcache": "0.5.6"}}}, **settings)
+    run = subprocess.run([os.path.join(BIN, "ansible-playbook"), "-i", "localhost,", "-c", "local", "-e", json.dumps(extra),
+                          str(playbook)], cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=120, check=False)
+    assert run.returncode == 0, run.stdout[-2000:]
+    for name in ("engine", "lmcache"):
+        subprocess.run([str(state / (name + ".sh"))], env=dict(os.environ, HF_HUB_OFFLINE="0"), check=True, timeout=60)
+    given = [json.loads((state / "venv" / "bin" / (name + ".json")).read_text()) for name in ("python", "lmcache")]
+    return state, given[0], given[1]
+
+
+# The flags of `lmcache server` the role renders, as the local engine's defaults give them (REFERENCE part M1).
+LMCACHE_ARGV = ["server", "--host", "127.0.0.1", "--port", "8050", "--http-host", "127.0.0.1", "--http-port", "8051",
+                "--chunk-size", "64", "--l1-size-gb", "1", "--l1-init-size-gb", "1", "--eviction-policy", "LRU",
+                "--hash-algorithm", "blake3", "--kv-event-log-size", "0", "--supported-transfer-mode", "auto"]
+
+
+def test_lmcache_launchers_run_the_server_and_point_the_engine_at_it(tmp_path):
+    state, engine, server = _render_lmcache(tmp_path)
+    assert server["argv"] == LMCACHE_ARGV
+    run_dir = str(state / "run" / "default")
+    assert server["env"]["PROMETHEUS_MULTIPROC_DIR"] == run_dir + "/lmcache-prometheus" and os.path.isdir(run_dir + "/lmcache-prometheus")
+    assert server["env"]["TMPDIR"] == run_dir + "/tmp" and server["env"]["LMCACHE_TRACK_USAGE"] == "false"
+    argv = engine["argv"]
+    assert json.loads(argv[argv.index("--kv-transfer-config") + 1]) == {
+        "kv_connector": "LMCacheMPConnector", "kv_role": "kv_both",
+        "kv_connector_extra_config": {"lmcache.mp.host": "tcp://127.0.0.1", "lmcache.mp.port": 8050, "lmcache.mp.hash_algorithm": "blake3"}}
+
+
+def test_lmcache_launcher_follows_the_settings(tmp_path):
+    """Ports from the engine's, no event log flag without KV events, a fractional L1 (the init size is a whole number)."""
+    dummy, engine, server = _render_lmcache(tmp_path, local_engine_port=8100, local_engine_kv_events=False,
+                                            local_engine_lmcache_l1_size_gib=0.25, local_engine_lmcache_extra_args=["--max-workers", "2"],
+                                            local_engine_lmcache_connector_options={"lmcache.mp.mq_timeout": 30})
+    argv = server["argv"]
+    assert argv[argv.index("--port") + 1] == "8150" and argv[argv.index("--http-port") + 1] == "8151"
+    assert argv[argv.index("--l1-size-gb") + 1] == "0.25" and argv[argv.index("--l1-init-size-gb") + 1] == "1"
+    assert "--kv-event-log-size" not in argv and argv[-4:] == ["--max-workers", "2", "--supported-transfer-mode", "auto"]
+    config = json.loads(engine["argv"][engine["argv"].index("--kv-transfer-config") + 1])
+    assert config["kv_connector_extra_config"]["lmcache.mp.port"] == 8150 and config["kv_connector_extra_config"]["lmcache.mp.mq_timeout"] == 30
+
+
+def test_lmcache_server_flags_parse_with_lmcache_s_own_parser():
+    """Every flag the role renders exists in the installed lmcache 0.5.6 and parses (the engine lane has the install)."""
+    python = os.path.expanduser("~/.cache/inference_cache/local_engine/venv/bin/python")
+    probe = subprocess.run([python, "-c", "import lmcache"], capture_output=True, timeout=120, check=False) if os.path.exists(python) else None
+    if probe is None or probe.returncode != 0:
+        pytest.skip("No local engine installation with lmcache (make site installs it).")
+    code = ("import argparse, json, sys\n"
+            "from lmcache.cli.commands.server import ServerCommand\n"
+            "from lmcache.v1.multiprocess.config import parse_args_to_mp_server_config\n"
+            "from lmcache.v1.distributed.config import parse_args_to_config\n"
+            "parser = argparse.ArgumentParser(); ServerCommand().add_arguments(parser)\n"
+            "args = parser.parse_args(sys.argv[2:])\n"
+            "mp = parse_args_to_mp_server_config(args); sm = parse_args_to_config(args)\n"
+            "print(json.dumps([mp.chunk_size, mp.hash_algorithm, mp.kv_event_log_size, mp.supported_transfer_mode, args.http_port]))\n")
+    run = subprocess.run([python, "-c", code] + LMCACHE_ARGV, capture_output=True, text=True, timeout=300, check=False,
+                         env=dict(os.environ, LMCACHE_TRACK_USAGE="false", PROMETHEUS_MULTIPROC_DIR=""))
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert json.loads(run.stdout.strip().splitlines()[-1]) == [64, "blake3", 0, "auto", 8051]
 
 
 def _role_vars(tmp_path, expression, **extra):
@@ -152,243 +232,8 @@ def test_local_inventory_hands_the_role_the_toolchains_uv(tmp_path):
     assert _play(tmp_path, plays) == expected
 
 
-# -- process control ------------------------------------------------------------------------------------------------
-def test_busy_ports_names_the_owner():
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        sock.listen(1)
-        port = sock.getsockname()[1]
-        busy, message = ep.busy_ports("127.0.0.1", [port])
-        assert [b["port"] for b in busy] == [port] and busy[0]["owners"][0]["pid"] == os.getpid()
-        assert ("port %d is taken by pid %d" % (port, os.getpid())) in message
-    assert ep.busy_ports("127.0.0.1", [port]) == ([], "")
-
-
-@pytest.fixture(autouse=True)
-def no_engine_left(tmp_path):
-    """Whatever a test asserted, stop the engine it started in ``tmp_path`` (never a pid that is not that engine)."""
-    yield
-    files = ep.EngineFiles(str(tmp_path / "engine.pid"), str(tmp_path / "engine.run"))
-    status = ep.status(files)
-    if status["running"]:
-        ep.stop_group(status["pid"], status["pids"], 5)
-
-
-def _service(tmp_path, script, healthy=lambda url: True, check_mode=False):
-    """An EngineService whose launcher runs ``script`` (sh) in ``tmp_path``."""
-    launcher = tmp_path / "engine.sh"
-    launcher.write_text("#!/bin/sh\n" + script)
-    launcher.chmod(0o700)
-    files = ep.EngineFiles(str(tmp_path / "engine.pid"), str(tmp_path / "engine.run"), log=str(tmp_path / "engine.log"),
-                           launcher=str(launcher))
-    return ep.EngineService(files, healthy, check_mode=check_mode)
-
-
-def _start(service, checksum="abc", ports=()):
-    return service.ensure_started(checksum, "http://127.0.0.1:9/health", "127.0.0.1", list(ports), 20, 5)
-
-
-def _alive(pid):
-    return ep.start_ticks(pid) is not None
-
-
-@pytest.fixture
-def unrelated():
-    """A live process that has nothing to do with any engine."""
-    proc = subprocess.Popen(["sleep", "300"])  # pylint: disable=consider-using-with
-    try:
-        yield proc.pid
-    finally:
-        proc.kill()
-        proc.wait()
-
-
-def test_start_status_restart_stop_a_process_group(tmp_path):
-    # A parent with a child in the same session, like the API server and its EngineCore.
-    service = _service(tmp_path, "sleep 300 &\nexec sleep 301\n")
-    started = _start(service)
-    assert started["changed"] and started["started"] and not started["restarted"]
-    deadline = time.monotonic() + 60   # a bound: the shell forks its child in milliseconds, later on a loaded machine
-    while len(ep.status(service.files)["pids"]) < 2 and time.monotonic() < deadline:
-        time.sleep(0.05)
-    status = ep.status(service.files)
-    assert status["running"] and status["pid"] == started["pid"] and status["checksum"] == "abc"
-    assert len(status["pids"]) == 2
-    record = json.loads((tmp_path / "engine.run").read_text())
-    assert record["pid"] == started["pid"] and record["start_ticks"] == ep.start_ticks(started["pid"])
-    # The same settings again: nothing to do.
-    again = _start(service)
-    assert not again["changed"] and again["pid"] == started["pid"]
-    # New settings: the old group is stopped, a new one started.
-    restarted = _start(service, checksum="def")
-    assert restarted["changed"] and restarted["restarted"] and restarted["pid"] != started["pid"]
-    assert not any(_alive(pid) for pid in status["pids"])
-    stopped = service.ensure_stopped(5)
-    assert stopped["changed"] and restarted["pid"] in stopped["stopped_pids"] and not _alive(restarted["pid"])
-    assert not os.path.exists(service.files.pidfile) and not os.path.exists(service.files.runfile)
-    assert service.ensure_stopped(5)["changed"] is False
-
-
-def test_check_mode_changes_nothing(tmp_path):
-    service = _service(tmp_path, "exec sleep 300\n")
-    checking = _service(tmp_path, "exec sleep 300\n", check_mode=True)
-    assert _start(checking)["changed"] and not os.path.exists(service.files.pidfile)
-    pid = _start(service)["pid"]
-    try:
-        assert _start(checking, checksum="new")["restarted"] and ep.status(service.files)["pid"] == pid
-        assert checking.ensure_stopped(5)["changed"] and _alive(pid)
-    finally:
-        service.ensure_stopped(5)
-
-
-def test_a_reused_pid_is_never_signalled(tmp_path, unrelated):
-    """The pid file names a live process that is not the engine: status says so, stop and start leave it alone."""
-    service = _service(tmp_path, "exec sleep 300\n")
-    for record in (
-        {"checksum": "abc", "pid": unrelated, "start_ticks": ep.start_ticks(unrelated) - 1, "boot_id": ep.boot_id()},
-        {"checksum": "abc", "pid": unrelated, "start_ticks": ep.start_ticks(unrelated), "boot_id": "another-boot"},
-        "abc",  # a run file from before identities were recorded, and a pid file older than the process
-    ):
-        (tmp_path / "engine.pid").write_text("%d\n" % unrelated)
-        (tmp_path / "engine.run").write_text(record if isinstance(record, str) else json.dumps(record))
-        if isinstance(record, str):
-            os.utime(str(tmp_path / "engine.pid"), (time.time() - 3600, time.time() - 3600))
-        status = ep.status(service.files)
-        assert not status["running"] and status["pids"] == [] and status["foreign"]["pid"] == unrelated, record
-        stopped = service.ensure_stopped(5)
-        assert stopped["changed"] is False and stopped["foreign"]["pid"] == unrelated and _alive(unrelated), record
-        assert not os.path.exists(service.files.pidfile)
-    # A start goes ahead with a new engine and leaves the unrelated process alone too.
-    (tmp_path / "engine.pid").write_text("%d\n" % unrelated)
-    started = _start(service)
-    assert started["changed"] and started["pid"] != unrelated and started["foreign"]["pid"] == unrelated
-    service.ensure_stopped(5)
-    assert _alive(unrelated) and not _alive(started["pid"])
-
-
-def test_a_legacy_record_of_a_live_engine_is_kept(tmp_path):
-    """A run file written before identities were recorded (one line, the checksum) still names a running engine."""
-    service = _service(tmp_path, "exec sleep 300\n")
-    pid = _start(service)["pid"]
-    try:
-        (tmp_path / "engine.run").write_text("abc\n")
-        os.utime(str(tmp_path / "engine.pid"), None)
-        assert ep.status(service.files)["running"] and _start(service)["changed"] is False
-    finally:
-        service.ensure_stopped(5)
-    assert not _alive(pid)
-
-
-def test_an_engine_dying_during_start_up_is_reported(tmp_path):
-    service = _service(tmp_path, "echo 'error: unrecognized arguments: --bogus' >&2\nexit 2\n", healthy=lambda url: False)
-    with pytest.raises(ep.EngineProcessError) as info:
-        _start(service)
-    assert str(info.value).startswith("The engine exited during start-up (%s) and was stopped; last log lines: " % service.files.log)
-    assert "unrecognized arguments: --bogus" in str(info.value)
-    assert not os.path.exists(service.files.pidfile) and not os.path.exists(service.files.runfile)
-
-
-def _start_on_a_taken_port(service):
-    """Start ``service`` with a port this test process listens on; return (port, the EngineProcessError)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        sock.listen(1)
-        port = sock.getsockname()[1]
-        with pytest.raises(ep.EngineProcessError) as info:
-            _start(service, ports=[port])
-    return port, info
-
-
-def test_a_taken_port_stops_the_start(tmp_path):
-    service = _service(tmp_path, "exec sleep 300\n")
-    port, info = _start_on_a_taken_port(service)
-    assert ("Cannot start the engine on 127.0.0.1: port %d is taken by pid %d" % (port, os.getpid())) in str(info.value)
-    assert not os.path.exists(service.files.pidfile)
-
-
-def test_a_named_process_is_named_in_its_sentences(tmp_path):
-    """kwok_cluster runs etcd and the control plane through the same service: the sentences name the process and the
-    variables of its ports, not the engine's."""
-    launcher = tmp_path / "etcd.sh"
-    launcher.write_text("#!/bin/sh\necho 'etcdmain: listen tcp: bind: address already in use' >&2\nexit 1\n")
-    launcher.chmod(0o700)
-    files = ep.EngineFiles(str(tmp_path / "etcd.pid"), str(tmp_path / "etcd.run"), log=str(tmp_path / "etcd.log"),
-                           launcher=str(launcher))
-    service = ep.EngineService(files, lambda url: False, name="etcd", ports_hint="kwok_cluster_etcd_port")
-    with pytest.raises(ep.EngineProcessError) as info:
-        _start(service)
-    assert str(info.value).startswith("The etcd exited during start-up (%s)" % files.log)
-    port, info = _start_on_a_taken_port(service)
-    assert str(info.value).startswith("Cannot start the etcd on 127.0.0.1: port %d is taken" % port)
-    assert str(info.value).endswith("(kwok_cluster_etcd_port).")
-
-
-def _module(check=False, **args):
-    """Run the module local_engine_service through ansible; return (rc, result), the warnings as result["_stderr"]."""
-    cmd = [os.path.join(BIN, "ansible"), "localhost", "-i", "localhost,", "-c", "local", "-e",
-           "ansible_python_interpreter=%s" % sys.executable, "-m", "inference_cache.substrate.local_engine_service",
-           "-a", json.dumps(args)] + (["--check"] if check else [])
-    run = subprocess.run(cmd, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=120, check=False)
-    assert "=>" in run.stdout, run.stdout + run.stderr
-    return run.returncode, dict(json.loads(run.stdout.split("=>", 1)[1]), _stderr=run.stderr)
-
-
-def test_module_starts_once_and_stops(tmp_path, unrelated):
-    port = 8108
-    launcher = tmp_path / "engine.sh"
-    launcher.write_text("#!/bin/sh\nexec %s -m http.server %d --bind 127.0.0.1\n" % (shlex.quote(sys.executable), port))
-    launcher.chmod(0o700)
-    files = {"pidfile": str(tmp_path / "engine.pid"), "runfile": str(tmp_path / "engine.run")}
-    start = dict(files, launcher=str(launcher), log=str(tmp_path / "engine.log"), health_url="http://127.0.0.1:%d/" % port,
-                 ports=[port], start_timeout=30)
-    (tmp_path / "engine.pid").write_text("%d\n" % unrelated)  # left over from before a reboot, say
-    (tmp_path / "engine.run").write_text(json.dumps({"checksum": "x", "pid": unrelated, "start_ticks": 1, "boot_id": "old"}))
-    try:
-        rc, checked = _module(check=True, **start)
-        assert rc == 0 and checked["changed"] and checked["started"] and checked["pid"] is None
-        rc, first = _module(**start)
-        assert rc == 0 and first["changed"] and first["started"] and first["start_seconds"] is not None
-        assert first["foreign"]["pid"] == unrelated and _alive(unrelated)
-        assert "The pid file %s named pid %d, which is not the engine" % (files["pidfile"], unrelated) in first["_stderr"]
-        rc, second = _module(**start)
-        assert rc == 0 and not second["changed"] and second["pid"] == first["pid"] and second["foreign"] is None
-        rc, checked = _module(check=True, state="stopped", **files)
-        assert rc == 0 and checked["changed"] and _alive(first["pid"])
-        rc, stopped = _module(state="stopped", **files)
-        assert rc == 0 and stopped["changed"] and not _alive(first["pid"]) and _alive(unrelated)
-        rc, again = _module(state="stopped", **files)
-        assert rc == 0 and not again["changed"]
-        start["start_timeout"] = 0
-        rc, bad = _module(**start)
-        assert rc != 0 and bad["msg"] == "start_timeout must be a positive number of seconds, got 0."
-    finally:
-        pid = ep.status(ep.EngineFiles(files["pidfile"], files["runfile"]))["pid"]
-        if pid:
-            os.killpg(pid, signal.SIGKILL)
-
-
-def test_an_instance_that_never_ran_stops_as_ok(tmp_path):
-    """A fresh machine: the instance's folder does not exist. Stopping is a no-op and writes nothing; a check-mode
-    start reports what it would do; a real start names the missing launcher."""
-    run_dir = tmp_path / "state" / "run" / "never"
-    files = ep.EngineFiles(str(run_dir / "engine.pid"), str(run_dir / "engine.run"), log=str(run_dir / "engine.log"),
-                           launcher=str(run_dir / "engine.sh"))
-    assert ep.EngineService(files, lambda url: True).ensure_stopped(5) == {
-        "changed": False, "state": "stopped", "stopped_pids": [], "foreign": None}
-    assert ep.EngineService(files, lambda url: True, check_mode=True).ensure_stopped(5)["changed"] is False
-    checked = ep.EngineService(files, lambda url: True, check_mode=True).ensure_started("abc", "http://127.0.0.1:9/", "127.0.0.1", [], 5, 5)
-    assert checked["changed"] and checked["pid"] is None
-    with pytest.raises(ep.EngineProcessError) as info:
-        ep.EngineService(files, lambda url: True).ensure_started("abc", "http://127.0.0.1:9/", "127.0.0.1", [], 5, 5)
-    assert str(info.value) == "The launcher %s is missing or not executable." % files.launcher
-    assert not (tmp_path / "state").exists()
-    rc, stopped = _module(state="stopped", pidfile=files.pidfile, runfile=files.runfile)
-    assert rc == 0 and stopped["changed"] is False
-    rc, checked = _module(check=True, state="stopped", pidfile=files.pidfile, runfile=files.runfile)
-    assert rc == 0 and checked["changed"] is False
-    assert not (tmp_path / "state").exists()
-
-
+# -- stopping where nothing ran (the supervisor and the module local_service: tests/unit/plugins/module_utils/test_service_*.py,
+# tests/integration/test_local_service.py) ---------------------------------------------------------------------------
 @pytest.mark.parametrize("playbook, extra", [("teardown.yml", []), ("kv_index.yml", ["-e", "kv_index_state=absent"])])
 def test_stopping_on_a_fresh_machine_is_ok(tmp_path, playbook, extra):
     """Teardown and kv_index's absent state on a machine where nothing ever ran (an empty HOME): ok, changed=0,
@@ -515,3 +360,53 @@ def test_site_hands_verify_the_engines_subscriber():
     variables = play["roles"][0]["vars"]
     assert variables["verify_kv_subscriber"] == "{{ local_engine_info.kv_subscriber }}"
     assert not [name for name in variables if name.startswith("verify_kv_events_")], variables
+
+
+# -- a failed install stops what it started (issue 38) -----------------------------------------------------------------
+FAKE_UV = """#!%s
+# A stand-in uv: `venv` makes the environment, `pip install` "installs" for two minutes (as a real install does for tens
+# of seconds), in this one process, so that what is left running is this process.
+import os, subprocess, sys, time
+if sys.argv[1] == "venv":
+    subprocess.check_call([sys.executable, "-m", "venv", "--without-pip", sys.argv[-1]])
+elif sys.argv[1:3] == ["pip", "install"]:
+    time.sleep(120)
+"""
+
+
+def _installers(marker):
+    ps = subprocess.run(["ps", "-eww", "-o", "pid,args"], capture_output=True, text=True, check=True).stdout
+    return [line for line in ps.splitlines() if marker in line and "pip install" in line]
+
+
+def test_a_failed_install_stops_the_install_it_left_running(tmp_path):
+    """The install runs as an async job. Where its task fails while the job runs (here: HOME set to another folder and
+    no ANSIBLE_ASYNC_DIR, so async_status looks in the account's home, "could not find job", as `make site` once did),
+    the play fails with one sentence and the install it started is stopped, not left running."""
+    home = tmp_path / "home"
+    home.mkdir()
+    uv = tmp_path / "fake-uv"
+    uv.write_text(FAKE_UV % sys.executable)
+    uv.chmod(0o755)
+    state = tmp_path / "state"
+    env = {k: v for k, v in ENV.items() if k != "ANSIBLE_ASYNC_DIR"}
+    env.update(HOME=str(home), ANSIBLE_LOCAL_TEMP=str(tmp_path / "tmp"), ANSIBLE_CALLBACK_RESULT_FORMAT="yaml",
+               ANSIBLE_COLLECTIONS_PATH=os.path.join(ROOT, ".cache", "collections"))
+    plays = [{"name": "Install with a stand-in uv", "hosts": "local_engine", "gather_facts": False,
+              "tasks": [{"ansible.builtin.include_role": {"name": "inference_cache.substrate.local_engine",
+                                                          "tasks_from": "install.yml"}}]}]
+    playbook = tmp_path / "play.yml"
+    playbook.write_text(yaml.safe_dump(plays, sort_keys=False))
+    extra = {"local_engine_state_dir": str(state), "local_engine_uv_command": str(uv), "local_engine_installer": "uv",
+             "local_engine_pip_extra_index_urls": [], "local_engine_install_timeout": 600}
+    try:
+        run = subprocess.run([os.path.join(BIN, "ansible-playbook"), "-i", "inventories/local", str(playbook), "-e", json.dumps(extra)],
+                             cwd=ROOT, env=env, capture_output=True, text=True, timeout=300, check=False)
+        output = run.stdout + run.stderr
+        assert run.returncode != 0, output[-3000:]
+        assert "Installing vLLM into %s" % state in output and "could not find job" in output, output[-3000:]
+        assert "the install left running was stopped: 1 process(es)" in output, output[-3000:]
+        assert not _installers(str(state)), "the stand-in install is still running"
+    finally:
+        for line in _installers(str(state)):
+            os.kill(int(line.split()[0]), 9)

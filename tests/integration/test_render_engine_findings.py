@@ -64,6 +64,14 @@ CASES = {
     "f16-pd-cpu-nixl": R.case("vllm_cpu", "approximate", "ClusterIP", router_disaggregation=True, model_server_disaggregation=True,
                               model_server_image=R.VLLM_CPU_NIXL_IMAGE, model_server_pd_image_has_nixl=True),
     "f16-pd-lmcache": R.case("vllm_lmcache", "approximate", "ClusterIP", router_disaggregation=True, model_server_disaggregation=True),
+    # issue 36: the LMCache server beside vLLM with other ports, chunk and transfer mode; the vllm-stack chart instead of
+    # the role's Deployment
+    "f36-lmcache-mp-custom": R.case("vllm_lmcache", "precise", "ClusterIP", model_server_lmcache_server_port=6555,
+                                    model_server_lmcache_server_http_port=6556, model_server_lmcache_chunk_size=64,
+                                    model_server_lmcache_transfer_mode="lmcache_driven", model_server_lmcache_max_local_cpu_size=2.5,
+                                    model_server_lmcache_server_env={"LMCACHE_LOG_LEVEL": "DEBUG"}),
+    "f36-chart": R.case("vllm_lmcache", "precise", "ClusterIP", model_server_chart_ref="/srv/charts/vllm-stack-0.1.12.tgz",
+                        model_server_hash_seed="123", model_server_hf_token_secret="hf-secret", model_server_node_selector={"gpu": "h200"}),
 }
 
 UPSTREAM_SGLANG = R.image("sglang")  # docker.io/lmsysorg/sglang:v0.5.12@sha256:<test digest>
@@ -107,6 +115,27 @@ REFUSED = {
         R.case("vllm_cpu", "precise", "ClusterIP", model_server_kv_events_node_port_enabled=True),
         "so name the networks allowed to reach it in model_server_kv_events_node_port_source_cidrs"),
     # finding 8b: the UCX port range holds none of the engine's other ports
+    # issue 36: LMCache's multiprocess mode and the vllm-stack chart
+    "f36-neg-mp-sglang": (
+        R.case("sglang_lmcache", "precise", "ClusterIP", model_server_lmcache_mode="multiprocess"),
+        "model_server_lmcache_mode=multiprocess needs the vllm_lmcache profile"),
+    "f36-neg-mp-chunk": (
+        R.case("vllm_lmcache", "precise", "ClusterIP", model_server_lmcache_chunk_size=100),
+        "a chunk size that is a multiple of the block size (LMCache's connector refuses 100 with model_server_block_size 32)"),
+    "f36-neg-mp-port": (
+        R.case("vllm_lmcache", "precise", "ClusterIP", model_server_lmcache_server_port=5557),
+        "distinct from each other and from the pod's other ports 8000, 5557"),
+    "f36-neg-chart-seed": (
+        R.case("vllm_lmcache", "precise", "ClusterIP", model_server_chart_ref="/srv/charts/vllm-stack"),
+        "model_server_hash_seed=123 (the chart sets PYTHONHASHSEED=123 itself)"),
+    "f36-neg-chart-mp": (
+        R.case("vllm_lmcache", "precise", "ClusterIP", model_server_chart_ref="/srv/charts/vllm-stack", model_server_hash_seed="123",
+               model_server_lmcache_mode="multiprocess"),
+        "model_server_lmcache_mode auto or in_process (the chart renders only LMCacheConnectorV1)"),
+    "f36-neg-chart-env": (
+        R.case("vllm_lmcache", "precise", "ClusterIP", model_server_chart_ref="/srv/charts/vllm-stack", model_server_hash_seed="123",
+               model_server_env={"PYTHONHASHSEED": "123"}),
+        "(the chart sets them: got PYTHONHASHSEED)"),
     "f16-neg-pd-ucx-range-overlaps": (
         R.case("vllm_lmcache", "approximate", "ClusterIP", router_disaggregation=True, model_server_disaggregation=True,
                model_server_pd_ucx_tcp_port_range="5500-5600"),
@@ -119,7 +148,9 @@ def rendered(tmp_path_factory):
     tmp = str(tmp_path_factory.mktemp("findings"))
     returncode, output, out = R.run_render(tmp, CASES)
     assert returncode == 0, output[-4000:]
-    return dict((name, R.load_case(out, name)) for name in CASES)
+    cases = dict((name, R.load_case(out, name)) for name in CASES)
+    cases["_out"] = out
+    return cases
 
 
 @pytest.fixture(scope="module")
@@ -306,3 +337,90 @@ def test_decode_pods_advertise_a_reachable_metrics_port(rendered, name):
         served = [p["containerPort"] for c in template["spec"].get("initContainers", []) + template["spec"]["containers"]
                   for p in c.get("ports", []) if p["name"] == "http"]
         assert served == [port]
+
+
+# -- issue 36: the LMCache server beside vLLM, and the vllm-stack chart ------------------------------------------------
+
+def pod_spec(case, name="model-server"):
+    return [d for d in deployments(case) if d["metadata"]["name"] == name][0]["spec"]["template"]["spec"]
+
+
+def test_lmcache_server_is_a_native_sidecar_inside_the_pod(rendered):
+    """The LMCache server runs beside vLLM in every engine pod, started first, reachable only from inside the pod: no
+    containerPort, no Service port, no NetworkPolicy rule for it; vLLM's connector dials it there."""
+    case = rendered["f36-lmcache-mp-custom"]
+    pod = pod_spec(case)
+    server = [c for c in pod["initContainers"] if c["name"] == "lmcache-server"][0]
+    assert server["restartPolicy"] == "Always" and server["command"] == ["lmcache", "server"], server
+    args = server["args"]
+    for flag, value in (("--host", "127.0.0.1"), ("--port", "6555"), ("--http-host", "127.0.0.1"), ("--http-port", "6556"),
+                        ("--chunk-size", "64"), ("--l1-size-gb", "2.5"), ("--supported-transfer-mode", "lmcache_driven"),
+                        ("--hash-algorithm", "blake3")):
+        assert args[args.index(flag) + 1] == value, (flag, args)
+    assert "ports" not in server and server["resources"]["requests"]["memory"] == "5Gi", server
+    assert dict((e["name"], e["value"]) for e in server["env"])["LMCACHE_LOG_LEVEL"] == "DEBUG"
+    transfer = json.loads(pod["containers"][0]["args"][pod["containers"][0]["args"].index("--kv-transfer-config") + 1])
+    assert transfer == {"kv_connector": "LMCacheMPConnector", "kv_role": "kv_both", "kv_connector_extra_config": {
+        "lmcache.mp.host": "tcp://127.0.0.1", "lmcache.mp.port": 6555, "lmcache.mp.mp_transfer_mode": "lmcache_driven",
+        "lmcache.mp.hash_algorithm": "blake3"}}, transfer
+    assert not [k for k in engine_env(pod["containers"][0]) if k.startswith("LMCACHE_")], "the MP connector reads no LMCACHE_* variable"
+    exposed = [p.get("port") for d in case["docs"] if d["kind"] in ("Service", "NetworkPolicy")
+               for p in (d["spec"].get("ports", []) + [q for r in d["spec"].get("ingress", []) for q in r.get("ports", [])])]
+    assert not {6555, 6556} & set(exposed), exposed
+    assert case["engine"]["lmcache"]["server"]["port"] == 6555 and case["engine"]["lmcache"]["mode"] == "multiprocess"
+
+
+def test_in_process_lmcache_publishes_its_stores_where_a_router_reads_events(rendered):
+    """LMCache's in-process stores reach vLLM's KV-event stream only with enable_kv_events (LMCache@v0.5.6:lmcache/v1/config.py,
+    default False): on where the router consumes events (precise), never for SGLang 0.5.12, which never asks LMCache for
+    them (no get_kv_events call under sglang/srt/mem_cache/storage/lmcache/)."""
+    chart = rendered["f36-chart"]
+    assert chart["engine"]["lmcache"]["mode"] == "in_process"
+    assert "LMCACHE_ENABLE_KV_EVENTS" not in engine_env(deployments(rendered["f16-sglang"])[0]["spec"]["template"]["spec"]["containers"][0])
+
+
+def _value_paths(value, prefix=""):
+    if isinstance(value, dict):
+        for key, item in value.items():
+            yield from _value_paths(item, "%s.%s" % (prefix, key) if prefix else key)
+    elif isinstance(value, list) and value and all(isinstance(v, dict) for v in value):
+        for item in value:
+            yield from _value_paths(item, prefix + "[]")
+    else:
+        yield prefix
+
+
+def test_vllm_stack_values_are_the_charts(rendered):
+    """The chart's values: every path one the chart's templates read at the pin (k8s_conformance.yml vllm_stack_values;
+    the chart's schema accepts any other key), LMCache and KV events on, the chart's router off, the engines' Deployment
+    left to the chart, the role's Services and NetworkPolicy aimed at the chart's pods by number."""
+    case = rendered["f36-chart"]
+    with open(R.PINS) as handle:
+        pin = yaml.safe_load(handle)["charts"]["vllm_stack"]
+    out = os.path.join(rendered["_out"], "f36-chart", "model_server", "helm")
+    with open(os.path.join(out, "vllm-stack.values.yaml")) as handle:
+        values = yaml.safe_load(handle)
+    with open(os.path.join(out, "release.yaml")) as handle:
+        release = yaml.safe_load(handle)
+    assert release["chart_ref"] == "/srv/charts/vllm-stack-0.1.12.tgz" and release["chart_version"] == "", release
+    assert "vllm-stack-%s:" % pin["version"] in FACTS["vllm_stack_engine"]["source"], "the facts were read at the pinned chart version"
+    allowed = FACTS["vllm_stack_values"]
+    stray = [p for p in _value_paths(values) if not any(p == a or p.startswith(a + ".") or p.startswith(a + "[]") for a in allowed)]
+    assert not stray, "values the vllm-stack chart does not read: %s" % stray
+    spec = values["servingEngineSpec"]["modelSpec"][0]
+    assert values["routerSpec"]["enableRouter"] is False and spec["lmcacheConfig"]["enabled"] is True
+    assert spec["lmcacheConfig"]["cpuOffloadingBufferSize"] >= 1, "the chart drops a size whose int is 0"
+    args = spec["vllmConfig"]["extraArgs"]
+    assert json.loads(args[args.index("--kv-events-config") + 1])["topic"] == "kv@$(POD_IP):8000@Qwen/Qwen3-0.6B"
+    assert dict((e["name"], e["value"]) for e in spec["env"])["LMCACHE_ENABLE_KV_EVENTS"] == "True"
+    assert "@sha256:" in spec["tag"] and not spec["repository"].endswith(":v0.5.6"), spec
+    assert not deployments(case), "the engines' Deployment is the chart's"
+    selector = {"app.kubernetes.io/name": spec["name"], "app.kubernetes.io/component": FACTS["vllm_stack_engine"]["component"],
+                "app.kubernetes.io/instance": release["release_name"]}
+    for doc in case["manifests"]["model_server"]:
+        if doc["kind"] == "Service":
+            assert doc["spec"]["selector"] == selector, doc
+            assert all(isinstance(p["targetPort"], int) for p in doc["spec"]["ports"]), doc["spec"]["ports"]
+        if doc["kind"] == "NetworkPolicy":
+            assert doc["spec"]["podSelector"]["matchLabels"] == selector
+    assert set(selector) <= set(FACTS["vllm_stack_engine"]["pod_labels"])

@@ -412,7 +412,11 @@ def test_engine_pod_contract(rendered, name):
     if case["engine"]["profile"] != "vllm_cpu":
         assert container["resources"]["limits"]["nvidia.com/gpu"] == str(R.CASES[name].get("model_server_tensor_parallel_size", 1))
     if case["engine"]["profile"] == "vllm_lmcache":
-        assert "LMCacheConnectorV1" in arg_after(container["args"], "--kv-transfer-config")
+        # multiprocess mode (the default): LMCache's connector dials the LMCache server beside vLLM in the pod
+        connector = {"multiprocess": "LMCacheMPConnector", "in_process": "LMCacheConnectorV1"}[case["engine"]["lmcache"]["mode"]]
+        transfer = json.loads(arg_after(container["args"], "--kv-transfer-config"))
+        named = [transfer["kv_connector"]] + [c["kv_connector"] for c in transfer.get("kv_connector_extra_config", {}).get("connectors", [])]
+        assert connector in named, transfer
 
 
 def conformance_facts():
@@ -445,13 +449,15 @@ def test_prefill_decode_engine_groups(rendered, name):
         connectors = transfer["kv_connector_extra_config"]["connectors"] if transfer["kv_connector"] == "MultiConnector" else [transfer]
         nixl = [c for c in connectors if c["kv_connector"] == facts["vllm_nixl_connector"]["value"]]
         assert nixl and nixl[0]["kv_role"] in facts["vllm_kv_roles"]["value"], transfer
-        assert ("LMCacheConnectorV1" in json.dumps(transfer)) == (case["engine"]["profile"] == "vllm_lmcache")
+        lmcache = [c for c in connectors if c["kv_connector"] in ("LMCacheConnectorV1", "LMCacheMPConnector")]
+        assert bool(lmcache) == (case["engine"]["profile"] == "vllm_lmcache"), transfer
         if case["engine"]["profile"] == "vllm_cpu":
             assert nixl[0]["kv_buffer_device"] == "cpu"
         env = dict((e["name"], e) for e in engine["env"])
         assert env["VLLM_NIXL_SIDE_CHANNEL_HOST"]["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"
         assert env["VLLM_NIXL_SIDE_CHANNEL_PORT"]["value"] == "5600"
-        sidecars = pod["spec"].get("initContainers", [])
+        # the LMCache server (multiprocess mode) is a native sidecar of both groups; the routing sidecar of decode only
+        sidecars = [c for c in pod["spec"].get("initContainers", []) if c["name"] != "lmcache-server"]
         if role == "prefill":
             assert not sidecars and arg_after(engine["args"], "--port") == "8000"
             continue
@@ -550,9 +556,19 @@ def test_kubernetes_playbook_checks_before_applying():
     with open(os.path.join(R.ROOT, "playbooks", "kubernetes.yml")) as handle:
         plays = yaml.safe_load(handle)
     first = plays[0]
-    roles = [t.get("ansible.builtin.include_role", {}).get("name") for t in first.get("tasks", [])]
+
+    def flat(tasks):
+        for task in tasks:
+            yield task
+            for part in ("block", "rescue", "always"):
+                yield from flat(task.get(part, []))
+    tasks = list(flat(first.get("tasks", [])))
+    roles = [t.get("ansible.builtin.include_role", {}).get("name") for t in tasks]
     assert roles.index("inference_cache.substrate.model_server") < roles.index("inference_cache.substrate.router")
-    for task in first["tasks"]:
+    # The scratch folder goes even when a preflight fails: its removal is the renders' `always`.
+    blocks = [t for t in first["tasks"] if "block" in t]
+    assert [t for b in blocks for t in b.get("always", []) if t.get("ansible.builtin.file", {}).get("state") == "absent"]
+    for task in tasks:
         if task.get("ansible.builtin.include_role"):
             render_vars = [k for k in task.get("vars", {}) if k.endswith("_render_dir")]
             assert render_vars, "%s must run in render mode in the check play" % task["name"]
@@ -617,10 +633,13 @@ def test_the_verifier_job_carries_every_file_its_tool_imports(rendered, name, tm
         path = tmp_path / item["path"]
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(config["data"][item["key"]])
-    tool = config["data"]["tools.cluster_verify.py"]
+    tool = config["data"]["roles.cluster_verify.files.cluster_verify.py"]
     names = sorted(set(re.findall(r'module_utils\("([\w.]+)"\)', tool)))
     assert "kv.events_check" in names and "kv.index_check" in names
-    code = "import sys; sys.path.insert(0, 'tools'); from _loader import module_utils; [module_utils(n) for n in %r]" % names
+    # The tool loaded from the mounted files, then every module_utils it loads by name, through its own loader.
+    code = ("import importlib.util; spec = importlib.util.spec_from_file_location('cluster_verify', "
+            "'roles/cluster_verify/files/cluster_verify.py'); tool = importlib.util.module_from_spec(spec); "
+            "spec.loader.exec_module(tool); [tool.module_utils(n) for n in %r]" % names)
     env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1", PYTHONPATH="")
     run = __import__("subprocess").run([sys.executable, "-c", code], cwd=str(tmp_path), env=env, capture_output=True, text=True,
                                        timeout=60, check=False)

@@ -54,7 +54,8 @@ _GOMOD_ROOTS = (os.environ.get("GOMODCACHE"), os.path.expanduser("~/.cache/subst
 RELEASE = "inference-cache-router"
 EPP = RELEASE + "-epp"
 NS = "inference-cache"
-BUILTIN = {"ServiceAccount", "Role", "RoleBinding", "ConfigMap", "Service", "Deployment", "NetworkPolicy"}
+BUILTIN = {"ServiceAccount", "Role", "RoleBinding", "ConfigMap", "Service", "Deployment", "NetworkPolicy", "ClusterRole",
+           "ClusterRoleBinding"}
 # A user-written config the GIE EPP starts with (random picker, one scorer).
 USER_CONFIG = {"apiVersion": "inference.networking.x-k8s.io/v1alpha1", "kind": "EndpointPickerConfig",
                "plugins": [{"type": "queue-scorer"}, {"type": "random-picker"}],
@@ -150,13 +151,16 @@ def test_every_object_of_the_chart_is_rendered(rendered, name):
                 + (["Role", "RoleBinding"] if host.get("router_epp_replicas", 1) > 1 else [])
                 + ["ConfigMap", "Service", "InferencePool"] + (["HTTPRoute"] if chart == "gateway" else [])
                 + {"istio": ["DestinationRule"], "gke": ["HealthCheckPolicy", "GCPBackendPolicy"]}.get(provider, [])
-                + ["Deployment", "NetworkPolicy"])
+                + ["Deployment"]
+                # The role's own objects: what the EPP's authenticated /metrics needs, then its NetworkPolicy.
+                + (["ClusterRole", "ClusterRoleBinding"] if host.get("router_epp_metrics_auth") else [])
+                + ["NetworkPolicy"])
     # In apply order: the InferencePool before the EPP (ready only once its pool has synced), the Deployment last.
     assert case["kinds"] == expected
     assert set(case["router"]) >= {"ServiceAccount/" + EPP, "Role/%s-sa" % EPP, "RoleBinding/%s-sa" % EPP, "Role/%s-non-sa" % EPP,
                                    "RoleBinding/%s-non-sa" % EPP, "ConfigMap/" + EPP, "Service/" + EPP, "InferencePool/" + RELEASE,
                                    "Deployment/" + EPP, "NetworkPolicy/%s-ingress" % EPP}
-    assert all(d["metadata"]["namespace"] == NS for d in case["manifests"]["router"])
+    assert all(d["metadata"]["namespace"] == NS for d in case["manifests"]["router"] if not d["kind"].startswith("Cluster"))
     assert "Secret" not in case["kinds"], "no render sidecar, no Hugging Face token"
     for rel in ("epp-config.yaml", "helm/inferencepool.values.yaml", "helm/release.yaml", "manifests.yaml"):
         assert os.path.exists(os.path.join(rendered["out"], name, "router", rel)), rel
@@ -326,15 +330,20 @@ def test_service_rbac_and_network_policy(rendered, name):
         assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "%s-%s" % (EPP, role)}
     policy = case["router"]["NetworkPolicy/%s-ingress" % EPP]
     assert policy["spec"]["podSelector"] == {"matchLabels": {"inferencepool": EPP}}
-    ports = {}
+    ports, blocks = {}, {}
     for rule in policy["spec"]["ingress"]:
         assert rule.get("from"), "%s: a rule without peers would open the EPP to every pod (no proxy listener with gie)" % name
         for port in rule["ports"]:
-            ports[port["port"]] = [p["podSelector"]["matchLabels"] for p in rule["from"]]
+            ports[port["port"]] = [p["podSelector"]["matchLabels"] for p in rule["from"] if "podSelector" in p]
+            blocks[port["port"]] = [p["ipBlock"]["cidr"] for p in rule["from"] if "ipBlock" in p]
     assert sorted(ports) == [9002, 9090]
+    # What carries the requests (issue 38 finding 3): the Gateway's pods, whether the chart's HTTPRoute or your own Gateway
+    # names the pool; a managed Gateway (GKE) has none, its proxies come from the address ranges given.
     gateway = {"gateway.networking.k8s.io/gateway-name": "inference-gateway"}
-    assert (gateway in ports[9002]) is (R.GIE_CASES[name].get("router_chart") == "gateway")
-    assert gateway not in ports[9090]
+    managed = R.GIE_CASES[name].get("router_gateway_provider") == "gke"
+    assert (gateway in ports[9002]) is not managed
+    assert blocks[9002] == R.GIE_CASES[name].get("router_ext_proc_source_cidrs", []) and (blocks[9002] != []) is managed
+    assert gateway not in ports[9090] and blocks[9090] == []
 
 
 @pytest.mark.parametrize("name", sorted(R.GIE_CASES))
@@ -487,7 +496,8 @@ def _apply_case(**extra):
 
 APPLY_CASES = {
     "gie-apply": _apply_case(),
-    "gie-apply-chart": _apply_case(router_chart_ref=LOCAL_CHART, _charts=[LOCAL_CHART]),
+    # pprof on: the chart cannot turn a boolean flag off (neg-gie-chart-false-flag).
+    "gie-apply-chart": _apply_case(router_chart_ref=LOCAL_CHART, _charts=[LOCAL_CHART], router_epp_pprof=True),
     "gie-absent": _apply_case(router_state="absent"),
     "gie-no-crds": _apply_case(router_crds_src="@TMP@/no-such/manifests.yaml", router_skip_unavailable_chart=True),
 }

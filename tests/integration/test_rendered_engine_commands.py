@@ -28,9 +28,11 @@ What runs, with the engine venv's Python (``~/.cache/inference_cache/local_engin
   kubernetes`` deploys) started the same way; ``/health`` (the chart's readiness probe) and
   ``POST /v1/completions/render {"model": <modelName>, "prompt": "hello"}`` (the body the v0.9.0 token-producer sends,
   llm-d/llm-d-router@v0.9.0:pkg/epp/framework/plugins/requestcontrol/dataproducer/tokenizer/vllm_http.go) must answer.
-* ``test_what_is_not_run_here_is_named``: what cannot start here (a GPU, NIXL, LMCache), what is not vLLM (the SGLang
-  engine, the P/D routing sidecar) and what was checked but not started, each with its reason: the test is skipped
-  with that list as its reason (``pytest -rs`` prints it); an unexplained container fails it.
+* The LMCache settings and the SGLang commands of the same render go through LMCache's and SGLang's own code at the
+  pin in test_rendered_lmcache_commands.py (the render and the helpers both use: tests/integration/_engine_commands.py).
+* ``test_what_is_not_run_here_is_named``: what cannot start here (a GPU, NIXL), what is not vLLM (the SGLang engine, the
+  LMCache server, the P/D routing sidecar) and what was checked but not started, each with its reason: the test is
+  skipped with that list as its reason (``pytest -rs`` prints it); an unexplained container fails it.
 
 What differs from a pod, and only this:
 
@@ -38,7 +40,8 @@ What differs from a pod, and only this:
   holds a folder of that very name: the locally built tiny model (``local_engine``'s
   ``models/tiny-llama``), its ``config.json`` with ``max_position_embeddings`` 40960, Qwen3's, so ``--max-model-len``
   is checked against the real model's limit. The arguments stay byte for byte as rendered; ``HF_HUB_OFFLINE=1``
-  (and ``VLLM_NO_USAGE_STATS=1``, ``DO_NOT_TRACK=1``) are added to the environment.
+  (and ``VLLM_NO_USAGE_STATS=1``, ``DO_NOT_TRACK=1``) are added to the environment, with a ``TMPDIR`` of the command's
+  own and ``VLLM_RPC_BASE_PATH`` in the abstract socket namespace, so nothing lands in the host's temporary folder.
 * The environment: Kubernetes' own rules: ``$(VAR)`` in ``args`` expanded from the container's env, ``fieldRef``
   ``status.podIP`` = ``127.0.0.71`` (the local "pod IP"), ``metadata.name`` = the Deployment's name. A Secret
   (``HF_TOKEN``) cannot be read here and only authenticates hub downloads: left out. Paths under a volume the pod mounts
@@ -57,18 +60,17 @@ What differs from a pod, and only this:
 
 Without the engine installation (``make site``) every test is skipped with that reason; ``LOCAL_ENGINE_START=1``
 installs it first (install and model only, no engine) and ``LOCAL_ENGINE_REQUIRED=1`` turns the skip into a failure.
-Started processes run in sessions of their own and are stopped by session; the tests assert none is left.
+The same holds for LMCache in the engine venv (the local engine installs it with LMCache on); for development,
+``SUBSTRATE_LMCACHE_PYTHON`` names another Python with vLLM and LMCache. Started processes run in sessions of their
+own and are stopped by session; the tests assert none is left.
 """
 
 from __future__ import absolute_import, division, print_function
 
 __metaclass__ = type  # pylint: disable=invalid-name
 
-import fcntl
 import json
 import os
-import re
-import shutil
 import signal
 import socket
 import subprocess
@@ -81,211 +83,27 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _k8s_render as R  # noqa: E402  pylint: disable=wrong-import-position,import-error
-
-ROOT = R.ROOT
-STATE_DIR = os.path.expanduser("~/.cache/inference_cache/local_engine")
-ENGINE_PYTHON = os.path.join(STATE_DIR, "venv", "bin", "python")
-TINY_MODEL = os.path.join(STATE_DIR, "models", "tiny-llama")
-CLI = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_vllm_cli.py")
-# The folder the commands run in (the model folders) and the pods' volumes: kept between runs, so vLLM's compile cache
-# (VLLM_CACHE_ROOT under the /data volume) spares the next start its torch.compile.
-WORKDIR = os.path.join(STATE_DIR, "rendered-commands")
-PLAYBOOK = os.path.join(ROOT, ".venv", "bin", "ansible-playbook")
-VLLM_VERSION = "0.32.0"
-
-POD_IP = "127.0.0.71"
-# Ports this test never takes: the local engine and its KV events, the kv_index engines, the lead's other services.
-RESERVED_PORTS = {8000, 5557, 5558, 8300, 8301, 5700, 5701, 5702, 5703}
-QWEN3_MAX_POSITIONS = 40960  # max_position_embeddings of Qwen/Qwen3-0.6B and Qwen/Qwen3-8B
-# The pod command has no --enforce-eager: the engine compiles its model at start (torch.compile), 180 to over 300 s
-# on this machine's 2 busy cores (the pod's startupProbe allows 1800 s). The compile cache under the /data volume is
-# kept between runs (WORKDIR), so later starts are shorter.
-START_TIMEOUT = 600
-ADDED_ENV = {"HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}
-# Volumes that exist here as they are in the pod.
-LOCAL_MOUNTS = ("/tmp", "/dev/shm")
-
-# The case whose CPU engine is started (the default command plus --enable-scale-out) and the one whose sidecar is.
-STARTED_ENGINE_CASE = "cpu-precise-engine-tokens"
-DEFAULT_CPU_CASE = "cpu-precise-clusterip"
-STARTED_SIDECAR_CASE = "kind-inventory"
-
-UPSTREAM_CPU_IMAGE = R.pinned("vllm_cpu")["repository"]
-
-
-# -- the engine installation -------------------------------------------------------------------------------------
-
-def _missing():
-    return [path for path in (ENGINE_PYTHON, os.path.join(TINY_MODEL, "config.json")) if not os.path.exists(path)]
-
-
-def _install_or_skip():
-    if _missing() and os.environ.get("LOCAL_ENGINE_START") == "1":
-        # Install and model only: this module starts its own processes and needs no default engine.
-        run = subprocess.run([PLAYBOOK if os.path.exists(PLAYBOOK) else "ansible-playbook", "-i", "inventories/local",
-                              "playbooks/site.yml", "--tags", "local_engine_preflight,local_engine_install,local_engine_model"],
-                             cwd=ROOT, env=dict(os.environ, ANSIBLE_FORCE_COLOR="0", ANSIBLE_NOCOLOR="1"),
-                             capture_output=True, text=True, timeout=1800, check=False)
-        assert run.returncode == 0, (run.stdout + run.stderr)[-3000:]
-    missing = _missing()
-    if missing:
-        message = "No engine installation (%s missing): run `make site` first (or set LOCAL_ENGINE_START=1)." % ", ".join(missing)
-        if os.environ.get("LOCAL_ENGINE_REQUIRED") == "1":
-            pytest.fail(message)
-        pytest.skip(message)
+import _engine_commands as E  # noqa: E402  pylint: disable=wrong-import-position,import-error
+from _engine_commands import (  # noqa: E402  pylint: disable=wrong-import-position,import-error
+    ENGINE_PYTHON, CLI, VLLM_VERSION, POD_IP, RESERVED_PORTS, START_TIMEOUT, STARTED_ENGINE_CASE, DEFAULT_CPU_CASE,
+    STARTED_SIDECAR_CASE, UPSTREAM_CPU_IMAGE, LMCACHE_VERSION, SGLANG_VERSION, arg_value, is_sglang, is_vllm,
+    lmcache_missing, local_env, model_ids, only)
 
 
 @pytest.fixture(scope="module")
 def installation():
-    _install_or_skip()
-    os.makedirs(STATE_DIR, exist_ok=True)
-    # One engine session at a time (the lock of test_local_engine_e2e.py and test_kv_events_engine.py).
-    with open(os.path.join(STATE_DIR, ".pytest.lock"), "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
+    with E.installation():
+        yield
 
-
-# -- rendering and extracting the commands -----------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
 def rendered(installation, tmp_path_factory):  # pylint: disable=redefined-outer-name,unused-argument
-    tmp = str(tmp_path_factory.mktemp("render"))
-    started = time.monotonic()
-    returncode, output, out = R.run_render(tmp, R.CASES)
-    assert returncode == 0, output[-4000:]
-    cases = dict((name, R.load_case(out, name)) for name in R.CASES)
-    return {"cases": cases, "seconds": time.monotonic() - started}
-
-
-_REF = re.compile(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_]*)\)")
-
-
-def k8s_expand(text, env):
-    """Kubernetes' variable expansion in command, args and env values: $(VAR) from the env, $$ an escaped $."""
-    def repl(match):
-        if match.group(0) == "$$":
-            return "$"
-        return env.get(match.group(1), match.group(0))
-    return _REF.sub(repl, text)
-
-
-def pod_env(container, pod_name, namespace, data_dir):
-    """The container's environment as the kubelet builds it (here), and what could not be built."""
-    assert not container.get("envFrom"), "envFrom is not handled by this test: %s" % container["name"]
-    local = dict((m["mountPath"], os.path.join(data_dir, m["name"])) for m in container.get("volumeMounts", [])
-                 if m["mountPath"] not in LOCAL_MOUNTS)
-    env, left_out = {}, []
-    for entry in container.get("env", []):
-        name = entry["name"]
-        if "value" in entry:
-            value = k8s_expand(str(entry["value"]), env)
-        elif "fieldRef" in entry.get("valueFrom", {}):
-            path = entry["valueFrom"]["fieldRef"]["fieldPath"]
-            value = {"status.podIP": POD_IP, "metadata.name": pod_name, "metadata.namespace": namespace}.get(path)
-            assert value is not None, "fieldRef %s of %s is not handled by this test" % (path, name)
-        elif "secretKeyRef" in entry.get("valueFrom", {}):
-            left_out.append("%s (Secret %s: no Secret here; it only authenticates hub downloads)"
-                            % (name, entry["valueFrom"]["secretKeyRef"]["name"]))
-            continue
-        else:
-            raise AssertionError("env %s of %s: %s is not handled by this test" % (name, container["name"], entry))
-        for mount, path in local.items():
-            if value == mount or value.startswith(mount + "/"):
-                value = path + value[len(mount):]
-        env[name] = value
-    return env, left_out
-
-
-def is_vllm(argv):
-    return bool(argv) and (os.path.basename(argv[0]) == "vllm" or (len(argv) > 2 and argv[1] == "-m" and argv[2].split(".")[0] == "vllm"))
-
-
-def model_ids(argv):
-    """The model the command names: `--model X`, or the first positional argument after the subcommand."""
-    args = list(argv)
-    if "--model" in args:
-        return [args[args.index("--model") + 1]]
-    for flag in [a for a in args if a.startswith("--model=")]:
-        return [flag.split("=", 1)[1]]
-    rest = args[2:] if args[1:2] == ["serve"] else args[3:] if args[1:3] == ["launch", "render"] else []
-    return [rest[0]] if rest and not rest[0].startswith("-") else []
-
-
-def render_sidecar(case):
-    """The render sidecar beside the EPP, as the v0.9.0 chart builds it from router.tokenizer, or None."""
-    tokenizer = case["router_values"]["router"]["tokenizer"]
-    if not tokenizer.get("enabled"):
-        return None
-    port = int(tokenizer.get("port") or 8000)
-    return {"name": "vllm-render", "image": "%s/%s:%s" % (tokenizer["image"]["registry"], tokenizer["image"]["repository"],
-                                                          tokenizer["image"]["tag"]),
-            "command": tokenizer.get("command") or ["vllm", "launch", "render"],
-            "args": tokenizer.get("args") or [tokenizer["modelName"], "--port=%d" % port],
-            "env": tokenizer["env"], "port": port, "modelName": tokenizer["modelName"],
-            "volumeMounts": [{"name": "model-cache", "mountPath": "/root/.cache/huggingface"}]}
-
-
-def containers(name, case, data_dir):
-    """Every container this module looks at: (id, role, container, argv, env, left_out, image)."""
-    found = []
-    for doc in case["manifests"]["model_server"]:
-        if doc["kind"] != "Deployment":
-            continue
-        pod = doc["spec"]["template"]["spec"]
-        namespace = doc["metadata"].get("namespace", "default")
-        for container in pod.get("initContainers", []) + pod["containers"]:
-            env, left_out = pod_env(container, doc["metadata"]["name"] + "-0", namespace, data_dir)
-            argv = [k8s_expand(a, env) for a in (container.get("command") or []) + (container.get("args") or [])]
-            found.append({"id": "%s/%s/%s" % (name, doc["metadata"]["name"], container["name"]), "role": "engine-pod",
-                          "group": doc["metadata"]["name"], "container": container, "argv": argv, "env": env,
-                          "left_out": left_out, "image": container["image"], "profile": case["engine"]["profile"]})
-    sidecar = render_sidecar(case)
-    if sidecar:
-        env, left_out = pod_env(sidecar, "inference-cache-router-epp-0", "inference-cache", data_dir)
-        argv = [k8s_expand(a, env) for a in sidecar["command"] + sidecar["args"]]
-        found.append({"id": "%s/router-epp/vllm-render" % name, "role": "render-sidecar", "group": "router-epp",
-                      "container": sidecar, "argv": argv, "env": env, "left_out": left_out, "image": sidecar["image"],
-                      "profile": "router"})
-    return found
-
-
-def local_env(entry, home):
-    env = {"PATH": os.path.dirname(ENGINE_PYTHON) + ":/usr/local/bin:/usr/bin:/bin", "HOME": home}
-    env.update(entry["env"])
-    env.update(ADDED_ENV)
-    return env
-
-
-def make_model_dirs(workdir, ids):
-    """`<workdir>/<hub id>`: the tiny model, with Qwen3's max_position_embeddings (the arguments stay as rendered)."""
-    with open(os.path.join(TINY_MODEL, "config.json")) as handle:
-        config = json.load(handle)
-    config["max_position_embeddings"] = QWEN3_MAX_POSITIONS
-    for model in ids:
-        assert not os.path.isabs(model) and ".." not in model.split("/"), "the model %r is not a hub id" % model
-        target = os.path.join(workdir, model)
-        if os.path.isdir(target):
-            shutil.rmtree(target)
-        os.makedirs(target)
-        for item in os.listdir(TINY_MODEL):
-            if item != "config.json":
-                os.symlink(os.path.join(TINY_MODEL, item), os.path.join(target, item))
-        with open(os.path.join(target, "config.json"), "w") as handle:
-            json.dump(config, handle, indent=2)
+    return E.rendered(tmp_path_factory)
 
 
 @pytest.fixture(scope="module")
-def commands(rendered):  # pylint: disable=redefined-outer-name
-    workdir = WORKDIR
-    data_dir = os.path.join(workdir, ".volumes")
-    os.makedirs(data_dir, exist_ok=True)
-    per_case = dict((name, containers(name, case, data_dir)) for name, case in rendered["cases"].items())
-    vllm = [c for found in per_case.values() for c in found if is_vllm(c["argv"])]
-    make_model_dirs(workdir, sorted(set(m for c in vllm for m in model_ids(c["argv"]))))
-    return {"workdir": workdir, "data_dir": data_dir, "per_case": per_case, "vllm": vllm, "rendered": rendered}
+def commands(installation, tmp_path_factory):  # pylint: disable=redefined-outer-name,unused-argument
+    return E.commands(tmp_path_factory)
 
 
 @pytest.fixture(scope="module")
@@ -322,15 +140,6 @@ def checked(commands):  # pylint: disable=redefined-outer-name
     return {"by_container": by_container, "distinct": len(unique), "seconds": seconds, "head": head}
 
 
-def arg_value(argv, flag):
-    for index, arg in enumerate(argv):
-        if arg == flag:
-            return argv[index + 1]
-        if arg.startswith(flag + "="):
-            return arg.split("=", 1)[1]
-    return None
-
-
 def connector_notes(entry, facts):
     """(problems, reasons this machine cannot run it) for the connectors a command names."""
     problems, here = [], []
@@ -353,15 +162,20 @@ def connector_notes(entry, facts):
 # -- parser and config builder -----------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("name", sorted(R.CASES))
-def test_rendered_vllm_commands_are_accepted(commands, checked, name):  # pylint: disable=redefined-outer-name
+def test_rendered_vllm_commands_are_accepted(commands, checked, request, name):  # pylint: disable=redefined-outer-name
     entries = [e for e in commands["per_case"][name] if is_vllm(e["argv"])]
     if not entries:
-        kinds = ", ".join("%s (%s)" % (e["id"], " ".join(e["argv"][:3]) or "image entrypoint") for e in commands["per_case"][name])
-        pytest.skip("%s runs no vLLM command: %s. SGLang 0.5.12 is not installed here: its command is not executed."
-                    % (name, kinds))
+        # An SGLang case without the router's vLLM render sidecar: its engines went through SGLang's own parser.
+        engines = [e for e in commands["per_case"][name] if e["role"] == "engine-pod" and e["container"]["name"] == "engine"]
+        assert engines and all(is_sglang(e["argv"]) for e in engines), [e["argv"][:3] for e in engines]
+        return  # SGLang's own parser runs them: test_rendered_lmcache_commands.py test_rendered_sglang_commands_are_accepted
     problems = []
     for entry in entries:
         result = checked["by_container"][entry["id"]]
+        if result["stage"] == "config" and "No module named 'lmcache'" in result.get("error", ""):
+            # vLLM's config builder loads LMCacheMPConnector, whose module imports LMCache (vllm/distributed/
+            # kv_transfer/kv_connector/v1/lmcache_mp_connector.py): the engine venv must carry it.
+            lmcache_missing()
         if result["stage"] != "ok":
             problems.append("%s: vLLM %s refused `%s` at %s: %s%s" % (
                 entry["id"], VLLM_VERSION, " ".join(entry["argv"]), result["stage"], result.get("exc_type", ""),
@@ -501,12 +315,6 @@ def replace_value(argv, flag, value):
     raise AssertionError("%s is not in %s" % (flag, argv))
 
 
-def only(entries, role, group=None):
-    found = [e for e in entries if e["role"] == role and (group is None or e["group"] == group) and is_vllm(e["argv"])]
-    assert len(found) == 1, [e["id"] for e in entries]
-    return found[0]
-
-
 def test_vllm_cpu_pod_command_serves(commands, checked, tmp_path):  # pylint: disable=redefined-outer-name
     from ansible_collections.inference_cache.substrate.plugins.module_utils.kv import events_check as kv_check  # pylint: disable=import-outside-toplevel
 
@@ -582,8 +390,6 @@ def test_render_sidecar_serves_the_token_producer(commands, checked, rendered, t
     assert not left, "processes left running: %s" % left
 
 
-# -- what is not run here, named ---------------------------------------------------------------------------------
-
 def test_what_is_not_run_here_is_named(commands, checked):  # pylint: disable=redefined-outer-name
     """Every container is run, checked, or named with the reason it is not; the list is the skip reason."""
     started = {only(commands["per_case"][STARTED_ENGINE_CASE], "engine-pod")["id"],
@@ -595,8 +401,14 @@ def test_what_is_not_run_here_is_named(commands, checked):  # pylint: disable=re
             if entry["id"] in started:
                 continue
             if not is_vllm(argv):
-                if argv[:3] == ["python3", "-m", "sglang.launch_server"]:
-                    lines.append("%s: SGLang 0.5.12 engine, not vLLM; SGLang and LMCache are not installed here and it needs a GPU" % entry["id"])
+                if argv[:2] == ["lmcache", "server"]:
+                    lines.append("%s: the LMCache %s server; its command and environment went through LMCache's own parser "
+                                 "(test_rendered_lmcache_is_accepted); it serves only beside an engine"
+                                 % (entry["id"], LMCACHE_VERSION))
+                elif is_sglang(argv):
+                    lines.append("%s: SGLang %s engine; SGLang's own parser accepted it (test_rendered_sglang_commands_are_accepted), "
+                                 "but SGLang from PyPI cannot start on CPU (its kernels are CUDA builds) and it needs a GPU"
+                                 % (entry["id"], SGLANG_VERSION))
                 elif entry["container"]["name"] == "routing-sidecar":
                     lines.append("%s: the llm-d P/D routing sidecar (Go, image entrypoint), not vLLM" % entry["id"])
                 else:

@@ -7,7 +7,7 @@
 
 """Bytes both ways between two sockets, in one thread, until either side ends; then both are closed (pure Python, no Ansible).
 
-Used by the relays that join two connections: ``epp/extproc.py``'s TLS relay, ``tools/_epp_local.py``'s bridge
+Used by the relays that join two connections: ``epp/extproc.py``'s TLS relay, ``service/confine.py``'s bridge
 between two loopbacks and the tests' TLS proxy. One thread does both directions because a TLS socket must never be read
 in one thread while another writes it: OpenSSL's connection object is not thread-safe, and a relay with a thread per
 direction corrupted records under load (``SSLV3_ALERT_BAD_RECORD_MAC``; the gRPC client then saw "Socket closed").

@@ -46,7 +46,11 @@ profile, two profiles without a handler or with the single-profile-handler, a pr
 a string, the ``dataLayer`` gate without data sources (missing or empty), the metrics extractor without that gate, a
 data source or extractor reference to a plugin of another kind or to none, ``metrics-data-source`` scheme ``ftp``,
 ``request-attribute-reporter`` without parameters, an undeclared flow-control policy, invalid YAML, and llm-d-router's
-precise and approximate configs (with either apiVersion).
+precise and approximate configs (with either apiVersion). Run 2026-12-04 with the same build, in a network namespace of
+its own and a kubeconfig whose server does not answer (it reads its config after discovery, whose errors it only logs):
+it refuses a ``k8s-notification-source`` without ``version`` or ``kind``, and a metrics extractor with an engine config
+without a name, named ``default`` or defined twice, or a ``defaultEngine`` that names no engine ("Failed to parse
+configuration"), and takes the complete ones ("loaded configuration from file/text successfully").
 """
 
 from __future__ import absolute_import, division, print_function
@@ -57,6 +61,7 @@ from ..common import wiring
 from .plugins import PLUGINS as LLM_D_PLUGINS
 from .plugins import REFUSED, WARNING, ROUTER_VERSION as LLM_D_VERSION
 from .schema import ANY, BOOL, GO_DURATION, NANOSECONDS, STR, enum, integer, list_of, number, obj
+from .values import as_list, is_mapping, param
 
 GIE_VERSION = wiring.GIE_VERSION
 GIE_VERSIONS = (GIE_VERSION,)
@@ -75,8 +80,15 @@ _PREFIX = _P + "scheduling/scorer/prefix/plugin.go"
 _LATENCY = _P + "scheduling/scorer/predictedlatency/scorer.go"
 _METRICS_EXTRACTOR = _P + "datalayer/extractor/metrics/factories.go"
 _REPORTER = _P + "requestcontrol/requestattributereporter/plugin.go"
+_NOTIFICATIONS = _P + "datalayer/source/notifications/factory.go"
 METRICS_EXTRACTOR = "model-server-protocol-metrics"
+NOTIFICATION_SOURCE = "k8s-notification-source"
 PREFIX_SCORER = "prefix-cache-scorer"
+# The metrics extractor's engines: the two it always defines (defaultEngineConfigs in factories.go, appended unless an
+# engineConfigs entry of that name replaces it) and the name its registry reserves for the default engine's mapping
+# (DefaultEngineType, datalayer/extractor/metrics/mapping_registry.go).
+BUILT_IN_ENGINES = ("vllm", "sglang")
+RESERVED_ENGINE = "default"
 
 
 def _plugin(source, roles, params=None, requires_params=False):
@@ -125,14 +137,18 @@ _V140 = {
     "metrics-data-source": _plugin(_P + "datalayer/source/metrics/datasource.go", "data-source", obj({
         "scheme": enum("http", "https"), "path": STR, "insecureSkipVerify": BOOL,
     }, _P + "datalayer/source/metrics/datasource.go")),
+    # ModelServerExtractorFactory refuses an engine config without a name or named default, a name defined twice, and a
+    # defaultEngine that names no engine (behaviours metrics-engine-*, metrics-default-engine-undefined).
     METRICS_EXTRACTOR: _plugin(_METRICS_EXTRACTOR, "extractor", obj({
         "engineLabelKey": STR, "defaultEngine": STR,
         "engineConfigs": list_of(obj({"name": STR, "queuedRequestsSpec": STR, "runningRequestsSpec": STR, "kvUsageSpec": STR,
                                       "loraSpec": STR, "cacheInfoSpec": STR}, _METRICS_EXTRACTOR)),
     }, _METRICS_EXTRACTOR)),
-    "k8s-notification-source": _plugin(_P + "datalayer/source/notifications/factory.go", "data-source", obj({
+    # NotificationSourceFactory refuses no parameters and a version or kind that is empty (behaviour
+    # notification-source-without-gvk); group may be empty (the core API group).
+    NOTIFICATION_SOURCE: _plugin(_NOTIFICATIONS, "data-source", obj({
         "group": STR, "version": STR, "kind": STR,
-    }, _P + "datalayer/source/notifications/factory.go"), requires_params=True),
+    }, _NOTIFICATIONS), requires_params=True),
     # json.Unmarshal of no parameters fails ("unexpected end of JSON input").
     "request-attribute-reporter": _plugin(_REPORTER, "pre-request", obj({
         "attributes": list_of(obj({"key": obj({"namespace": STR, "name": STR}, _REPORTER), "expression": STR, "condition": STR},
@@ -243,6 +259,37 @@ BEHAVIOUR = {
             "data.sources entry {source} lists the metrics extractor {extractor} but feature gate dataLayer is off; GIE {version} "
             "then refuses it (\"disallowed Extractor\") and does not start.",
             RUNNER),
+        # NotificationSourceFactory: params.Version == "" || params.Kind == "" -> error (factory.go 53-55; json.Unmarshal
+        # leaves an absent field empty). Run with the GIE EPP v1.4.0: "failed to parse configuration".
+        "notification-source-without-gvk": (
+            REFUSED,
+            "{label} sets no {missing}; GIE {version} refuses a k8s-notification-source without its version and kind "
+            "(\"version and kind are required for k8s-notification-source\") and does not start.",
+            _NOTIFICATIONS + "#L53-L55"),
+        # ModelServerExtractorFactory, over the user's engineConfigs and the built-in vllm and sglang: engineConfig.Name ==
+        # "" -> error (factories.go 123-125); == DefaultEngineType -> error (126-128).
+        "metrics-engine-without-name": (
+            REFUSED,
+            "{label} has an engineConfigs entry without a name (entry {index}); GIE {version} refuses it (\"engine config "
+            "name cannot be empty\") and does not start.",
+            _METRICS_EXTRACTOR + "#L123-L125"),
+        "metrics-engine-reserved-name": (
+            REFUSED,
+            "{label} names an engineConfigs entry default (entry {index}), the name GIE {version} reserves for the default "
+            "engine's mapping, so it refuses the entry (\"engine config name cannot be ... (reserved)\") and does not start.",
+            _METRICS_EXTRACTOR + "#L126-L128"),
+        # registry.Register: a second mapping for one engine name -> error (factories.go 141-144, mapping_registry.go 55-57).
+        "metrics-engine-twice": (
+            REFUSED,
+            "{label} defines engine {engine} in two engineConfigs entries; GIE {version} registers each engine once and "
+            "refuses the second (\"mapping for engine type ... already exists\"), so it does not start.",
+            _METRICS_EXTRACTOR + "#L141-L144"),
+        # No engine config named cfg.DefaultEngine (an empty defaultEngine is vllm) -> error (factories.go 152-155).
+        "metrics-default-engine-undefined": (
+            REFUSED,
+            "{label} sets defaultEngine {engine}, which is neither an engineConfigs entry nor a built-in engine (vllm, "
+            "sglang); GIE {version} refuses it (\"defaultEngine ... not found in engineConfigs\") and does not start.",
+            _METRICS_EXTRACTOR + "#L152-L155"),
         # InstantiateAndConfigure reads flowControl only when featureGates[flowcontrol.FeatureGate].
         "flow-control-ungated": (
             WARNING,
@@ -250,6 +297,65 @@ BEHAVIOUR = {
             _LOADER),
     },
 }
+
+
+def notification_source_missing(plugin_type, params):
+    """What a k8s-notification-source's parameters lack of version and kind, as a phrase (empty when nothing is missing).
+
+    NotificationSourceFactory refuses an empty version or kind (factory.go 53-55); Go's json.Unmarshal matches the keys
+    case-insensitively and leaves an absent one empty. Parameters that are absent or not a mapping are other rules'.
+    """
+    if plugin_type != NOTIFICATION_SOURCE or not is_mapping(params):
+        return ""
+    missing = [name for name in ("version", "kind") if param(params, name) in (None, "")]
+    return " or ".join(missing)
+
+
+def _engine_configs(params):
+    """The engineConfigs entries that are mappings, with their index (an entry of another type is a schema finding)."""
+    return [(index, entry) for index, entry in enumerate(as_list(param(params, "engineConfigs"))) if is_mapping(entry)]
+
+
+def metrics_engine_problem(plugin_type, params):
+    """The first engine of a metrics extractor's parameters that ModelServerExtractorFactory refuses, in its order, as
+    ``(behaviour, fields)``, or ``None``.
+
+    The factory appends the built-in vllm and sglang unless an entry has their name, then walks the entries: a name that
+    is empty (123-125) or the reserved default (126-128) fails, and so does a second entry of one name (registry.Register,
+    141-144); last, defaultEngine (empty: vllm) must name one of them (152-155). A name or defaultEngine of the wrong type
+    is a parameter finding of the schema, not this.
+    """
+    if plugin_type != METRICS_EXTRACTOR or not is_mapping(params):
+        return None
+    seen = set()
+    for index, entry in _engine_configs(params):
+        name = param(entry, "name")
+        if not isinstance(name, (str, type(None))):
+            return None
+        if not name:
+            return "metrics-engine-without-name", {"index": index}
+        if name == RESERVED_ENGINE:
+            return "metrics-engine-reserved-name", {"index": index}
+        if name in seen:
+            return "metrics-engine-twice", {"engine": name}
+        seen.add(name)
+    engine = param(params, "defaultEngine")
+    if isinstance(engine, str) and engine and engine not in seen | set(BUILT_IN_ENGINES):
+        return "metrics-default-engine-undefined", {"engine": engine}
+    return None
+
+
+def engine_rule(behaviour):
+    """The ``when`` and ``fields`` of the rule of one metrics-engine behaviour (:mod:`.rules`): it fires on a plugin whose
+    first refused engine (:func:`metrics_engine_problem`) is of that behaviour, and says which."""
+    def when(_config, subject):
+        found = metrics_engine_problem(subject.ptype, subject.params)
+        return found is not None and found[0] == behaviour
+
+    def fields(_config, subject):
+        return metrics_engine_problem(subject.ptype, subject.params)[1]
+    return {"when": when, "fields": fields}
+
 
 # loadDefaultConfig (defaults.go): what the EPP runs when its config is empty.
 DEFAULT_CONFIG = {

@@ -422,7 +422,7 @@ _KV9 = "github.com/llm-d/llm-d-kv-cache@%s:" % KV_CACHE_VERSION  # the version t
 _PPC9 = _P9 + "requestcontrol/dataproducer/preciseprefixcache/"
 
 # BEHAVIOUR[version][rule] = (kind, sentence, source). The sentence is a str.format template; ``version`` is always
-# given, the other fields by the rule (epp/config.py RULES) that names the entry. Each fact was read at ``source``
+# given, the other fields by the rule (epp/rules.py RULES) that names the entry. Each fact was read at ``source``
 # and measured with the real EPP of that version (REFERENCE.md part R4).
 BEHAVIOUR = {
     ROUTER_VERSION: {

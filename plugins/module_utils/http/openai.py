@@ -276,6 +276,7 @@ class OpenAIClient:
         response = self._request(url, body, accept="text/event-stream")
         first = None
         text = []
+        logprobs = []
         usage = None
         chunks = 0
         try:
@@ -291,6 +292,7 @@ class OpenAIClient:
                 except ValueError:
                     raise OpenAIHTTPError("%s streamed a chunk that is not JSON" % url, url)
                 pieces, chunk_usage = stream_chunk(chunk, url)
+                logprobs.extend(stream_logprobs(chunk))
                 chunks += 1
                 for piece in pieces:
                     if first is None:
@@ -311,6 +313,8 @@ class OpenAIClient:
             "text": "".join(text),
             "usage": usage,
             "chunks": chunks,
+            # The sampled tokens' log-probabilities, when the request asked for them (completions' "logprobs": N).
+            "logprobs": logprobs,
         }
 
 
@@ -351,6 +355,17 @@ def stream_chunk(chunk, url=None):
     if usage is not None:
         check_usage(usage, url)
     return pieces, usage or None
+
+
+def stream_logprobs(chunk):
+    """The sampled tokens' log-probabilities in one stream chunk of a completion that asked for logprobs (else [])."""
+    found = []
+    for choice in chunk.get("choices") or [] if isinstance(chunk, dict) else []:
+        logprobs = choice.get("logprobs") if isinstance(choice, dict) else None
+        values = logprobs.get("token_logprobs") if isinstance(logprobs, dict) else None
+        if isinstance(values, list):
+            found.extend(float(v) for v in values if isinstance(v, (int, float)) and not isinstance(v, bool))
+    return found
 
 
 def _whole(value):

@@ -107,6 +107,10 @@ def detect_engine(samples, engine="auto"):
     return None
 
 
+# vLLM exports this counter only when a KV connector with an external prefix cache (LMCache, ...) is configured.
+EXTERNAL_QUERIES = "vllm:external_prefix_cache_queries_total"
+
+
 def delta(before, after, name):
     """Increase of counter ``name`` between two parsed pages, in whole tokens."""
     change = after["samples"].get(name, 0.0) - before["samples"].get(name, 0.0)
@@ -310,6 +314,8 @@ class PrefixCacheProbe:
             "model": self.model,
             "metrics_url": self.metrics_url,
             "metric_names": {"hits": names[1], "queries": names[2]},
+            # A KV connector (LMCache, ...) makes vLLM export its tier's counters beside the engine's own.
+            "external_prefix_cache": EXTERNAL_QUERIES in m0["samples"],
             "nonce": self.nonce,
             "block_size": block_size,
             "block_size_source": source,

@@ -75,6 +75,7 @@ class KVStats(Tally):
         self.stored_hashes = set()
         self.max_tracked_hashes = max_tracked_hashes
         self.removed_after_stored = 0
+        self.media = {}   # medium -> stored blocks and tokens, removed blocks, block sizes (a tier each: GPU, CPU, ...)
 
     def add_batch(self, batch):
         self.batches += 1
@@ -100,16 +101,23 @@ class KVStats(Tally):
             hashes = ev.block_hashes
             if hashes:
                 self.hash_formats.add("bytes" if isinstance(hashes[0], bytes) else "int")
+            if ev.type in ("BlockStored", "BlockRemoved"):
+                medium = self.media.setdefault(ev.medium if isinstance(ev.medium, str) and ev.medium else "unspecified",
+                                               {"stored_blocks": 0, "stored_tokens": 0, "removed_blocks": 0, "block_sizes": set()})
             if ev.type == "BlockStored":
                 self.stored_blocks += len(hashes)
+                medium["stored_blocks"] += len(hashes)
                 if tokens:
                     self.stored_tokens += tokens
+                    medium["stored_tokens"] += tokens
                 if ev.block_size is not None:
                     self.block_sizes.add(ev.block_size)
+                    medium["block_sizes"].add(ev.block_size)
                 if len(self.stored_hashes) < self.max_tracked_hashes:
                     self.stored_hashes.update(h if isinstance(h, int) else bytes(h) for h in hashes)
             elif ev.type == "BlockRemoved":
                 self.removed_blocks += len(hashes)
+                medium["removed_blocks"] += len(hashes)
                 stored = self.stored_hashes
                 self.removed_after_stored += sum(1 for h in hashes if (h if isinstance(h, int) else bytes(h)) in stored)
             if len(self.sample) < self.sample_size:
@@ -142,7 +150,7 @@ class KVStats(Tally):
         backlog = self.batches
         fresh = KVStats(self.sample_size, self.max_tracked_hashes, self.max_topics)
         for name in ("counts", "batches", "stored_blocks", "stored_tokens", "removed_blocks", "removed_after_stored",
-                     "block_sizes", "sample", "stored_hashes"):
+                     "block_sizes", "sample", "stored_hashes", "media"):
             setattr(self, name, getattr(fresh, name))
         return backlog
 
@@ -158,6 +166,10 @@ class KVStats(Tally):
             "stored_tokens": self.stored_tokens,
             "removed_blocks": self.removed_blocks,
             "removed_after_stored": self.removed_after_stored,
+            # The same per medium (tier): vLLM's own cache says GPU (even on CPU); LMCache's connector adds CPU.
+            "media": dict((name, {"stored_blocks": entry["stored_blocks"], "stored_tokens": entry["stored_tokens"],
+                                  "removed_blocks": entry["removed_blocks"], "block_size": self._one_or_list(entry["block_sizes"])})
+                          for name, entry in self.media.items()),
             "wire_format": {
                 "batch": self._one_or_list(self.batch_formats),
                 "events": self._one_or_list(self.event_formats),

@@ -3,7 +3,7 @@
 # SPDX-License-Identifier: GPL-3.0-or-later
 """Build the tiny local model; check a fresh vLLM installation and spare the engine's first start the work it repeats.
 
-Usage: prepare_engine.py [--tiny-model DIR] [--check [--model DIR] [--architecture NAME]...]
+Usage: prepare_engine.py [--tiny-model DIR] [--check [--model DIR] [--architecture NAME]... [--lmcache]]
 
 Runs with the engine's virtual environment (vLLM, torch, transformers and tokenizers come with it).
 
@@ -16,6 +16,7 @@ caching, KV events and metrics are real.
 
 * imports what the engine's processes import (the OpenAI server, the EngineCore, the CPU worker), so Python writes
   their bytecode once, here (vLLM is installed without bytecode); a failure here is the install's failure;
+* with ``--lmcache``, imports what the LMCache server (``lmcache server``) and vLLM's LMCacheMPConnector import too;
 * fills vLLM's model-info cache (``$VLLM_CACHE_ROOT/modelinfos``) for the model's architectures (``--architecture``,
   and those in the config.json of ``--model`` or of the tiny model), with vLLM's own code. At its first start the
   server would otherwise inspect the model class in a Python process of its own
@@ -110,7 +111,18 @@ def architectures(model, named):
     return list(dict.fromkeys(found))
 
 
-def check(model, named):
+def check_lmcache():
+    """Import what the LMCache server and vLLM's connector to it import (their bytecode written here, once)."""
+    # pylint: disable=import-outside-toplevel,unused-import
+    from importlib.metadata import version
+
+    import lmcache.cli.main  # noqa: F401  the `lmcache` command
+    import lmcache.v1.multiprocess.http_server  # noqa: F401  `lmcache server`: the HTTP front and the request server
+    import lmcache.integration.vllm.lmcache_mp_connector  # noqa: F401  what vLLM's LMCacheMPConnector resolves to
+    print("lmcache %s" % version("lmcache"))
+
+
+def check(model, named, lmcache=False):
     """Import what the engine imports; fill vLLM's model-info cache for the model's architectures."""
     # What the engine imports: the server, then (in the EngineCore process) the engine core and the CPU worker.
     import vllm  # pylint: disable=import-outside-toplevel
@@ -119,6 +131,8 @@ def check(model, named):
     import vllm.v1.worker.cpu_worker  # noqa: F401  pylint: disable=import-outside-toplevel,unused-import
     from vllm.model_executor.models import registry  # pylint: disable=import-outside-toplevel
     print(vllm.__version__)
+    if lmcache:
+        check_lmcache()
     # The imports above are the check; what follows only spares the engine work, so a failure leaves it to the engine.
     for name in architectures(model, named):
         try:
@@ -140,6 +154,7 @@ def main(argv):
     parser.add_argument("--check", action="store_true", help="import what the engine imports and fill vLLM's model-info cache")
     parser.add_argument("--model", metavar="DIR", help="with --check: the model folder (its config.json names the architectures)")
     parser.add_argument("--architecture", action="append", default=[], help="with --check: an architecture to prepare (repeatable)")
+    parser.add_argument("--lmcache", action="store_true", help="with --check: import what the LMCache server and its vLLM connector import")
     args = parser.parse_args(argv[1:])
     tiny = args.tiny_model if args.tiny_model and not os.path.isfile(os.path.join(args.tiny_model, "config.json")) else None
     if not args.check:
@@ -167,7 +182,7 @@ def main(argv):
                 sys.stderr.flush()
                 os._exit(code)  # pylint: disable=protected-access
     try:
-        check(args.model or args.tiny_model, args.architecture)
+        check(args.model or args.tiny_model, args.architecture, lmcache=args.lmcache)
     finally:
         if child:
             status = os.waitpid(child, 0)[1]

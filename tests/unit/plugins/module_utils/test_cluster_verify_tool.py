@@ -3,7 +3,7 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
 
-"""tools/cluster_verify.py (the in-cluster CLI over the module_utils): per-pod fan-out, pod-count check, report and exit
+"""roles/cluster_verify/files/cluster_verify.py (the in-cluster CLI over the module_utils): per-pod fan-out, pod-count check, report and exit
 status (per-pod checks faked); the routed_prefix check against a fake router, fake engines and a fake EPP."""
 
 from __future__ import absolute_import, division, print_function
@@ -20,7 +20,7 @@ import pytest
 
 from ansible_collections.inference_cache.substrate.tests.unit.plugins.net_utils import free_port
 
-TOOL = os.path.join(os.path.dirname(__file__), "..", "..", "..", "..", "tools", "cluster_verify.py")
+TOOL = os.path.join(os.path.dirname(__file__), "..", "..", "..", "..", "roles", "cluster_verify", "files", "cluster_verify.py")
 
 
 @pytest.fixture

@@ -539,8 +539,30 @@ def test_no_plugins_is_not_the_default_configuration(config):
     assert result.kind_of(NO_PLUGINS) == "warning" and NO_PLUGINS in result.warnings
     assert not [s for s in result.warnings if s.startswith("schedulingProfiles is empty")]
     assert not [s for s in result.problems if "plugins" in s]
+    # With no apiVersion and kind the decoder takes llm-d.ai/v1alpha1 EndpointPickerConfig: it starts all the same.
+    assert result.epp_starts is True and result.ok
     if config.get("apiVersion"):
-        assert result.epp_starts is True and result.ok and result.findings == [{"kind": "warning", "sentence": NO_PLUGINS}]
+        assert result.findings == [{"kind": "warning", "sentence": NO_PLUGINS}]
+
+
+@pytest.mark.parametrize("header,missing", [
+    ({}, "apiVersion and kind are"),
+    ({"apiVersion": "llm-d.ai/v1alpha1"}, "kind is"),
+    ({"kind": "EndpointPickerConfig", "apiVersion": ""}, "apiVersion is"),
+])
+def test_a_missing_header_is_a_warning_not_a_refusal(header, missing):
+    """llm-d-router v0.9.0 decodes into an EndpointPickerConfig (pkg/epp/config/loader/configloader.go decodeRawConfig):
+    a missing or empty apiVersion or kind takes the first group version its scheme registers it under (llm-d.ai/v1alpha1);
+    run with its apimachinery (v0.35.6), such a config decodes. A wrong one does not."""
+    config = copy.deepcopy(PRECISE)
+    config.pop("apiVersion")
+    config.pop("kind")
+    config.update(header)
+    result = check_epp_config(config, engine=ENGINE)
+    assert result.epp_starts is True and result.rules == ["defaulted-header"], result.findings
+    assert result.findings[0]["sentence"].startswith(missing + " not set: ")
+    config.update(apiVersion="llm-d.ai/v1", kind="EndpointPickerConfig")
+    assert check_epp_config(config, engine=ENGINE).epp_starts is False
 
 
 @pytest.mark.parametrize("engine,sentence", [
@@ -722,6 +744,7 @@ RULE_CASES = {
     "deprecated-api-version": (PRECISE, lambda c: c.update(apiVersion="inference.networking.x-k8s.io/v1alpha1"), ENGINE, None),
     "api-version": (PRECISE, lambda c: c.update(apiVersion="v2"), ENGINE, None),
     "kind": (PRECISE, lambda c: c.update(kind="Config"), ENGINE, None),
+    "defaulted-header": (PRECISE, lambda c: c.pop("apiVersion"), ENGINE, None),
     "unknown-feature-gate": (PRECISE, lambda c: c.update(featureGates=["prefixCache"]), ENGINE, None),
     "no-plugins": (PRECISE, lambda c: c.update(plugins=[]), ENGINE, None),
     "plugin-without-type": (PRECISE, _append("plugins", {"name": "x"}), ENGINE, None),

@@ -143,6 +143,17 @@ LLMD_OLD_API = dict(copy.deepcopy(PRECISE), apiVersion=API)
 del LLMD_OLD_API["dataLayer"]
 LLMD_OLD_API["plugins"] = [p for p in LLMD_OLD_API["plugins"] if p["type"] != "endpoint-notification-source"]
 
+
+def NOTIFY(params):  # pylint: disable=invalid-name
+    return {"type": "k8s-notification-source", "parameters": params}
+
+
+def ENGINES(params):  # pylint: disable=invalid-name
+    """The role's config with the data layer and a metrics extractor of these parameters."""
+    return dict(copy.deepcopy(ROLE), featureGates=["dataLayer"], data=METRICS_DATA,
+                plugins=ROLE["plugins"] + [METRICS[0], dict(METRICS[1], parameters=params)])
+
+
 # (case, config or YAML text, the EPP started, the finding (kind, words) that says why, or None for no refused/broken one).
 # The log lines quoted are the binary's.
 RUNS = [
@@ -237,6 +248,36 @@ RUNS = [
     ("parameters-list", cfg(plugins=[{"type": "prefix-cache-scorer", "parameters": [1]}]), False, ("refused", "not a mapping")),
     ("parameter-case", cfg(plugins=[{"type": "prefix-cache-scorer", "parameters": {"BlockSizeTokens": 32, "autotune": False}}]), True,
      ("warning", "accepted as blockSizeTokens only because Go matches JSON keys case-insensitively")),
+    # Issue 38 finding 4, run 2026-12-04 with the GIE EPP v1.4.0 of the gie build in a network namespace of its own and a
+    # kubeconfig whose server does not answer (the config is read after discovery, whose errors are only logged): the
+    # refused ones end with "Failed to parse configuration" and the message quoted, the others log "loaded configuration
+    # from file/text successfully".
+    # failed to create plugin 'k8s-notification-source' (type: k8s-notification-source): version and kind are required ...
+    ("notification-source-group-only", cfg(plugins=ROLE["plugins"] + [NOTIFY({"group": "apps"})], schedulingProfiles=ROLE["schedulingProfiles"]),
+     False, ("refused", "Plugin k8s-notification-source sets no version or kind; GIE v1.4.0 refuses a k8s-notification-source")),
+    ("notification-source-no-kind", cfg(plugins=ROLE["plugins"] + [NOTIFY({"version": "v1"})], schedulingProfiles=ROLE["schedulingProfiles"]),
+     False, ("refused", "Plugin k8s-notification-source sets no kind; GIE v1.4.0 refuses")),
+    ("notification-source-no-version", cfg(plugins=ROLE["plugins"] + [NOTIFY({"kind": "ConfigMap"})], schedulingProfiles=ROLE["schedulingProfiles"]),
+     False, ("refused", "Plugin k8s-notification-source sets no version; GIE v1.4.0 refuses")),
+    ("notification-source-complete", cfg(plugins=ROLE["plugins"] + [NOTIFY({"version": "v1", "kind": "ConfigMap"})],
+                                         schedulingProfiles=ROLE["schedulingProfiles"]), True, None),
+    # ... (type: model-server-protocol-metrics): engine config name cannot be empty
+    ("engine-without-name", ENGINES({"engineConfigs": [{"queuedRequestsSpec": "x:queue"}]}), False,
+     ("refused", "has an engineConfigs entry without a name (entry 0); GIE v1.4.0 refuses it (\"engine config name cannot be empty\")")),
+    ("engine-empty-name", ENGINES({"engineConfigs": [{"name": "", "queuedRequestsSpec": "x:queue"}]}), False,
+     ("refused", "has an engineConfigs entry without a name (entry 0)")),
+    # ... engine config name cannot be "default" (reserved)
+    ("engine-named-default", ENGINES({"engineConfigs": [{"name": "default", "queuedRequestsSpec": "x:queue"}]}), False,
+     ("refused", "names an engineConfigs entry default (entry 0), the name GIE v1.4.0 reserves")),
+    # ... failed to register engine mapping for "trt": mapping for engine type "trt" already exists
+    ("engine-twice", ENGINES({"engineConfigs": [{"name": "trt"}, {"name": "trt"}]}), False,
+     ("refused", "defines engine trt in two engineConfigs entries")),
+    # ... defaultEngine "trt" not found in engineConfigs
+    ("default-engine-undefined", ENGINES({"defaultEngine": "trt"}), False,
+     ("refused", "sets defaultEngine trt, which is neither an engineConfigs entry nor a built-in engine (vllm, sglang)")),
+    ("default-engine-defined", ENGINES({"defaultEngine": "trt", "engineConfigs": [{"name": "trt", "queuedRequestsSpec": "trt:queue"}]}),
+     True, None),
+    ("default-engine-built-in", ENGINES({"defaultEngine": "sglang"}), True, None),
     ("llm-d-precise", copy.deepcopy(PRECISE), False, ("refused", "apiVersion llm-d.ai/v1alpha1 is llm-d-router's")),
     ("llm-d-precise-old-api", LLMD_OLD_API, False, ("refused", "token-producer is not registered in GIE v1.4.0")),
     ("llm-d-approximate-old-api", dict(copy.deepcopy(APPROXIMATE), apiVersion=API), False, ("refused", "decode-filter is not registered")),
@@ -414,6 +455,11 @@ GIE_RULE_CASES = {
     "flow-control-ungated": dict(ROLE, flowControl={"maxBytes": 1000}),
     "undeclared-flow-control-policy": dict(ROLE, featureGates=["flowControl"], flowControl={"priorityBands": [{"fairnessPolicyRef": "nope"}]}),
     "gie-approximate-without-prefix-scorer": cfg(plugins=scorers("queue-scorer")),
+    "notification-source-without-gvk": cfg(plugins=[NOTIFY({"group": ""})]),
+    "metrics-engine-without-name": ENGINES({"engineConfigs": [{}]}),
+    "metrics-engine-reserved-name": ENGINES({"engineConfigs": [{"name": "default"}]}),
+    "metrics-engine-twice": ENGINES({"engineConfigs": [{"name": "a"}, {"name": "a"}]}),
+    "metrics-default-engine-undefined": ENGINES({"defaultEngine": "a"}),
 }
 
 
@@ -447,10 +493,18 @@ def _alone(ptype, params):
                schedulingProfiles=[{"name": "default", "plugins": [{"pluginRef": "picker"}]}])
 
 
+# Values the factories need beyond their type: a notification source's version and kind (factory.go 53-55), an engine
+# config's name (factories.go 123-125); _example gives every string field "".
+VALID_VALUES = {"k8s-notification-source": {"version": "v1", "kind": "ConfigMap"}}
+
+
 @pytest.mark.parametrize("ptype", GIE_TYPES)
 def test_every_gie_type_starts_with_all_its_fields(ptype):
     spec = gie.PLUGINS[V][ptype]
     params = _example(spec["params"]) if spec["params"] else None
+    params = dict(params, **VALID_VALUES.get(ptype, {})) if params is not None else None
+    if ptype == gie.METRICS_EXTRACTOR:
+        params["engineConfigs"][0]["name"] = "trt"
     result = check_epp_config(_alone(ptype, params), router_impl="gie")
     assert result.epp_starts is True and list(result.problems) == [], (ptype, result.findings)
 

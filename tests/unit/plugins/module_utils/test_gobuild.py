@@ -3,7 +3,7 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
 
-"""engine/gobuild.py (inference_cache.substrate.go_build) against a fake go command that records what it was asked."""
+"""build/gobuild.py (inference_cache.substrate.go_build) against a fake go command that records what it was asked."""
 
 from __future__ import absolute_import, division, print_function
 
@@ -16,8 +16,8 @@ import threading
 import pytest
 
 from ansible_collections.inference_cache.substrate.plugins.module_utils.common.errors import CheckError
-from ansible_collections.inference_cache.substrate.plugins.module_utils.engine import gobuild
-from ansible_collections.inference_cache.substrate.plugins.module_utils.engine.gobuild import GoBuild
+from ansible_collections.inference_cache.substrate.plugins.module_utils.build import gobuild
+from ansible_collections.inference_cache.substrate.plugins.module_utils.build.gobuild import GoBuild
 
 UPSTREAM_GOMOD = """module k8s.io/kubernetes
 
@@ -125,6 +125,18 @@ def test_a_proxy_that_refuses_the_module_is_one_sentence(tmp_path):
                                 "https://proxy.golang.org/k8s.io/kubernetes/@v/v1.33.13.info: 403 Forbidden; set GOPROXY in the "
                                 "build's environment to a proxy that serves it." % proxy)
     assert not (tmp_path / "bin" / "kubernetes-v1.33.13").exists()
+
+
+def test_a_refused_module_says_its_remedy_instead(tmp_path):
+    """The catalog's llm-d-router entry: the proxy refuses the module (403), the sentence says how to give a binary."""
+    go = FakeGo(tmp_path, download_error="reading https://proxy.golang.org/github.com/llm-d/llm-d-router/@v/v0.9.0.info: 403 Forbidden")
+    remedy = "give an llm-d EPP v0.9.0 binary instead (SUBSTRATE_EPP_BINARY), or set GOPROXY to a proxy that serves it."
+    with pytest.raises(CheckError) as caught:
+        GoBuild(params(tmp_path, module="github.com/llm-d/llm-d-router", version="v0.9.0", remedy=remedy,
+                       packages={"epp": "github.com/llm-d/llm-d-router/cmd/epp"}), runner=go).ensure()
+    assert caught.value.msg.startswith("Cannot fetch github.com/llm-d/llm-d-router@v0.9.0 through the Go module proxy (GOPROXY ")
+    assert caught.value.msg.endswith("/@v/v0.9.0.info: 403 Forbidden; give an llm-d EPP v0.9.0 binary instead (SUBSTRATE_EPP_BINARY), "
+                                     "or set GOPROXY to a proxy that serves it.")
 
 
 def test_a_failed_build_leaves_nothing_in_place(tmp_path):

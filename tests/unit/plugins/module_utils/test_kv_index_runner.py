@@ -524,7 +524,7 @@ def test_events_the_index_cannot_key_are_malformed_not_a_crash():
     assert check.index.size("a") == 1   # the good event of the same batch was applied
 
 
-CLUSTER_VERIFY = os.path.join(os.path.dirname(__file__), "..", "..", "..", "..", "tools", "cluster_verify.py")
+CLUSTER_VERIFY = os.path.join(os.path.dirname(__file__), "..", "..", "..", "..", "roles", "cluster_verify", "files", "cluster_verify.py")
 
 
 @contextlib.contextmanager

@@ -178,7 +178,11 @@ def test_wrong_input_is_one_sentence(args, msg):
 @given(JUNK.filter(lambda value: value is not None and value != "") | st.sampled_from(["a: [", "\t", "{", "plugins: [1, {", "- x\n  - y:"]))
 def test_any_value_as_config_fails_with_sentences(junk):
     exited, result = run_module(epp_config_check, {"config": junk})
-    assert not exited, "generated junk passed: %r" % (junk,)
+    if exited:
+        # A mapping llm-d-router v0.9.0 decodes all the same ({}, no apiVersion and kind, empty plugins) passes, and
+        # only with the warnings that say why it routes nowhere useful.
+        assert isinstance(junk, dict) and result["epp_starts"] is True and result["warnings_found"], "generated junk passed: %r" % (junk,)
+        return
     msg = result["msg"]
     assert "\n" not in msg and msg.endswith(".") and not NOISE.search(msg), msg
     if "problems" in result:

@@ -19,8 +19,11 @@ from ansible_collections.inference_cache.substrate.plugins.modules import gpu_me
 from ansible_collections.inference_cache.substrate.tests.unit.plugins.modules.utils import run_module
 from ansible_collections.inference_cache.substrate.tests.unit.plugins.sentences import assert_one_sentence
 
-LLAMA_8B = {"num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8, "hidden_size": 4096, "torch_dtype": "bfloat16"}
-BASE = {"model_config": LLAMA_8B, "parameters": "8B", "gpu_memory": "24GiB", "max_model_len": 8192}
+LLAMA_8B = {"num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8, "hidden_size": 4096,
+            "intermediate_size": 14336, "vocab_size": 128256, "torch_dtype": "bfloat16"}
+BASE = {"model_config": LLAMA_8B, "parameters": "8B", "gpu_memory": "22GiB", "max_model_len": 8192}
+GIB = 1024 ** 3
+DROP = object()  # an option left out
 
 
 def test_plan_exits_with_engine_args():
@@ -28,6 +31,34 @@ def test_plan_exits_with_engine_args():
     assert exited and result["changed"] is False
     assert result["tensor_parallel_size"] == 1 and result["kv_cache_bytes_per_token"] == 131072
     assert result["engine_args"] == ["--tensor-parallel-size", "1", "--max-model-len", "8192"]
+
+
+def test_gpu_by_product_and_the_reserve_it_gets():
+    args = dict(BASE, gpu="H200")
+    del args["gpu_memory"]
+    exited, result = run_module(module, args)
+    assert exited and result["gpu"] == "H200" and result["gpu_memory_bytes"] == int(139.80 * GIB) and result["warning"] == ""
+    assert (result["max_num_batched_tokens"], result["engine_max_num_seqs"]) == (8192, 1024)
+    # the old fixed 1 GiB fell short of the 1.44-1.77 GiB an H200 measured
+    assert result["reserve"]["total_bytes"] > 1.77 * GIB and result["reserve"]["given_bytes"] is None
+
+
+@pytest.mark.parametrize("gpu_memory, source", [("141GB", "cuda"), ("143771MiB", "cuda"), ("143771MiB", "nvml")])
+def test_datasheet_and_nvidia_smi_figures_plan_with_cudas(gpu_memory, source):
+    exited, result = run_module(module, dict(BASE, gpu_memory=gpu_memory, gpu_memory_source=source))
+    assert exited and result["gpu"] == "H200" and result["gpu_memory_bytes"] == int(139.80 * GIB)
+    # the datasheet's and nvidia-smi's figures are told, the node label's (nvml) is what it is meant to be
+    assert ("CUDA reports 139.80 GiB" in result["warning"]) is (source == "cuda")
+
+
+def test_the_warning_reaches_the_task(monkeypatch):
+    from ansible.module_utils import basic  # pylint: disable=import-outside-toplevel
+    told = []
+    monkeypatch.setattr(basic.AnsibleModule, "warn", lambda self, warning, **kwargs: told.append(warning))
+    run_module(module, dict(BASE, gpu_memory="141GB"))
+    assert len(told) == 1 and "is the datasheet figure of an H200" in told[0]
+    run_module(module, dict(BASE, gpu_memory="139.8GiB"))
+    assert len(told) == 1
 
 
 def test_check_mode_gives_the_same_plan():
@@ -83,13 +114,20 @@ def test_bad_model_config_file(tmp_path, content, message):
     ({"parameters": "-8B"}, "Parameter count '-8B' is not understood; write e.g. 8B or 8000000000."),
     ({"parameters": "0"}, "The parameter count must be positive."),
     ({"reserved_memory": "lots"}, "Memory size 'lots' is not understood; write e.g. 80GiB or 24GB."),
+    ({"gpu": "H200"}, "parameters are mutually exclusive: gpu|gpu_memory"),
+    ({"gpu": "B300", "gpu_memory": DROP}, "gpu 'B300' is not a GPU the plan knows"),
+    ({"gpu_memory": DROP}, "one of the following is required: gpu, gpu_memory"),
+    ({"gpu_memory_source": "smi"}, "value of gpu_memory_source must be one of: cuda, nvml, got: smi"),
+    ({"max_num_batched_tokens": 0}, "max_num_batched_tokens must be a whole number between 1 and 100000000, got 0."),
+    ({"engine_max_num_seqs": 0}, "engine_max_num_seqs must be a whole number between 1 and 1000000, got 0."),
     ({"dtype": "float13"}, "Data type 'float13' is not one of"),
     ({"max_model_len": float("inf")}, "max_model_len must be a whole number, got an infinite number."),
     ({"max_gpus": float("-inf"), "max_num_seqs": float("inf")}, "max_gpus and max_num_seqs must be a whole number, got an infinite number."),
 ])
 def test_wrong_input_is_one_sentence(change, message):
-    exited, result = run_module(module, dict(BASE, **change))
-    assert not exited and result["msg"].startswith(message) and result["changed"] is False
+    args = dict((name, value) for name, value in dict(BASE, **change).items() if value is not DROP)
+    exited, result = run_module(module, args)
+    assert not exited and result["msg"].startswith(message) and result.get("changed", False) is False
     assert_one_sentence(result["msg"])
 
 
@@ -97,7 +135,7 @@ SCALARS = st.one_of(st.none(), st.booleans(), st.integers(-10 ** 12, 10 ** 12), 
 ANY = st.recursive(SCALARS, lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3),
                    max_leaves=6)
 FIELDS = ["num_hidden_layers", "n_layer", "num_attention_heads", "n_head", "num_key_value_heads", "head_dim", "hidden_size",
-          "n_embd", "torch_dtype", "dtype", "text_config"]
+          "n_embd", "intermediate_size", "n_inner", "vocab_size", "torch_dtype", "dtype", "text_config"]
 
 
 # A valid config with one to three fields replaced by anything: most examples get past the first check.
@@ -109,7 +147,9 @@ MUTATED = st.dictionaries(st.sampled_from(FIELDS), ANY, min_size=1, max_size=3).
        options=st.fixed_dictionaries({}, optional={
            "parameters": ANY, "gpu_memory": ANY, "max_model_len": ANY, "max_num_seqs": ANY, "max_gpus": ANY,
            "tensor_parallel_size": ANY, "gpu_memory_utilization": ANY, "reserved_memory": ANY, "dtype": ANY,
-           "kv_cache_dtype": ANY}))
+           "kv_cache_dtype": ANY, "max_num_batched_tokens": ANY, "engine_max_num_seqs": ANY,
+           # a choice: ansible-core's own sentence, which repeats the value as given (a newline in it too)
+           "gpu_memory_source": st.sampled_from(["cuda", "nvml", "smi"])}))
 def test_generated_wrong_inputs_never_raise(config, options):
     """Whatever the shapes, the module exits with a plan or fails with one sentence; it never raises."""
     args = dict(BASE, model_config=config, **options)

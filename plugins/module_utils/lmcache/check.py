@@ -1,0 +1,473 @@
+# -*- coding: utf-8 -*-
+# Copyright (c) inference_cache.substrate contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+# PRIVATE to the inference_cache.substrate collection: the names here may change without notice.
+
+"""Does the LMCache tier work? Store a prompt, lose it from vLLM's own cache, get it back from LMCache (pure Python).
+
+``LMCacheProbe`` (behind ``lmcache_check``) drives a vLLM engine that reaches an LMCache server through its connector:
+
+1. reads the engine's metrics (``vllm:external_prefix_cache_{hits,queries}_total``, the counters of any KV connector;
+   ``vllm:lmcache_mp_*``, those of LMCache's multiprocess connector; ``lmcache:*``, LMCache's in-process connector when
+   its metrics reach the page) and the LMCache server's ``/config`` (chunk size, hash algorithm) and ``/metrics``
+   (``lmcache_mp_l1_write_chunks_total``, ``lmcache_mp_lookup_hit_tokens_total``; names read from the running
+   lmcache 0.5.6 server);
+2. sends a cold greedy completion (temperature 0, logprobs) of a unique prompt of ``prefix_tokens`` tokens and waits
+   until LMCache has written its full chunks;
+3. makes the engine's own prefix cache lose it: ``POST /reset_prefix_cache`` (vLLM's development endpoints,
+   ``VLLM_SERVER_DEV_MODE=1``; LMCache keeps its chunks), or, where the engine does not serve it, a bounded flood of
+   other prompts that fills its KV cache;
+4. sends the same completion again and holds: vLLM's external hits equal LMCache's lookup hits and the hit a working
+   LMCache tier gives (the prompt's full chunks: only full chunks are stored, and vLLM computes the last prompt token
+   itself), the engine's own cache hit nothing, and the text and the log-probabilities equal the cold ones.
+
+When it fails, one sentence names the cause where the facts show it: no connector (no external counters), vLLM's
+in-process LMCacheConnectorV1 (no LMCache server, no ``vllm:lmcache_mp_*`` metrics: on a CPU engine LMCache 0.5.6
+falls back to recompute), the LMCache server unreachable or stopped, a chunk size or hash algorithm other than the one
+expected, chunks stored but never found again.
+
+With a ``tiers.TierWatch`` it also reports what the engine's KV events announced of each tier and what an index built
+from them predicted for the restored prompt: the reuse a precise router could not see.
+"""
+
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type  # pylint: disable=invalid-name
+
+import math
+import re
+import time
+import uuid
+
+from ..common.errors import CheckError
+from ..http.openai import OpenAIHTTPError, cached_tokens, check_usage, model_ids
+from ..http.prefix_cache import filler, parse_metrics
+
+# vLLM (vllm/v1/metrics/loggers.py at 0.32.0): the counters of any KV connector, and the engine's own prefix cache.
+EXTERNAL_HITS = "vllm:external_prefix_cache_hits_total"
+EXTERNAL_QUERIES = "vllm:external_prefix_cache_queries_total"
+DEVICE_HITS = "vllm:prefix_cache_hits_total"
+DEVICE_QUERIES = "vllm:prefix_cache_queries_total"
+CACHE_INFO = "vllm:cache_config_info"
+# LMCache's multiprocess connector registers vllm:lmcache_mp_* on the engine's page (lmcache@0.5.6
+# integration/vllm/vllm_multi_process_adapter.py); the in-process one (LMCacheConnectorV1) its lmcache:* metrics.
+MP_CONNECTOR_PREFIX = "vllm:lmcache_mp_"
+IN_PROCESS_PREFIX = "lmcache:"
+# The LMCache server's own metrics (its HTTP port's /metrics, lmcache@0.5.6 mp_observability).
+L1_WRITE_CHUNKS = "lmcache_mp_l1_write_chunks_total"
+LOOKUP_HIT_TOKENS = "lmcache_mp_lookup_hit_tokens_total"
+LOOKUP_REQUESTED_TOKENS = "lmcache_mp_lookup_requested_tokens_total"
+TOKENS_PER_WORD_GUESS = 1.2
+_CACHE_INFO = re.compile(r"^vllm:cache_config_info\{([^}]*)\}", re.M)
+_LABEL = re.compile(r'(\w+)="([^"]*)"')
+
+
+class LMCacheCheckError(CheckError):
+    """The LMCache tier does not work, or cannot be checked: one sentence, and the facts gathered so far."""
+
+
+def full_chunks(tokens, chunk_size):
+    return (tokens // chunk_size) * chunk_size if chunk_size > 0 else 0
+
+
+def expected_hit_tokens(prompt_tokens, chunk_size):
+    """The tokens a working LMCache tier gives back for a prompt it stored: its full chunks, short of the last token.
+
+    LMCache stores only full chunks; vLLM computes the last prompt token itself, so a prompt of exactly N chunks gets
+    N - 1 of them back (the connector counts whole chunks).
+    """
+    if prompt_tokens <= 0 or chunk_size <= 0:
+        return 0
+    return full_chunks(prompt_tokens - 1, chunk_size)
+
+
+def _delta(before, after, name):
+    change = after["samples"].get(name, 0.0) - before["samples"].get(name, 0.0)
+    if math.isnan(change) or math.isinf(change):
+        raise LMCacheCheckError("The counter %s is not a finite number on its metrics page." % name)
+    return int(round(change))
+
+
+def cache_info(text):
+    """``num_gpu_blocks`` and ``block_size`` from the labels of ``vllm:cache_config_info`` (those that are numbers)."""
+    match = _CACHE_INFO.search(text)
+    labels = dict(_LABEL.findall(match.group(1))) if match else {}
+    return dict((k, int(labels[k])) for k in ("num_gpu_blocks", "block_size") if labels.get(k, "").isdigit())
+
+
+def connector_kind(text):
+    """Which LMCache connector the engine's metrics page shows: ``multiprocess``, ``in-process`` or ``unknown``."""
+    if re.search(r"^%s" % re.escape(MP_CONNECTOR_PREFIX), text, re.M):
+        return "multiprocess"
+    if re.search(r"^%s" % re.escape(IN_PROCESS_PREFIX), text, re.M):
+        return "in-process"
+    return "unknown"
+
+
+def max_logprob_difference(first, second):
+    """Largest absolute difference of two lists of log-probabilities (None when their lengths differ or one is empty)."""
+    if not first or not second or len(first) != len(second):
+        return None
+    return max(abs(a - b) for a, b in zip(first, second))
+
+
+class LMCacheProbe:
+    """Store a prompt, make the engine's own prefix cache miss it, send it again: what came back from LMCache.
+
+    ``client`` talks to the engine, ``lmcache`` to the LMCache server's HTTP API (``http.openai.OpenAIClient``: ``get_text``,
+    ``get_json``, ``post_json``, ``stream_completion``); ``lmcache`` may be None (no server to ask: the check then relies on
+    the engine's counters alone). ``watch``: a ``tiers.TierWatch`` on the engine's KV events, or None.
+    """
+
+    def __init__(self, client, lmcache, metrics_url, model=None, prefix_tokens=600, max_tokens=8, miss="auto",
+                 flood_prompts=32, chunk_size=None, hash_algorithm=None, logprob_tolerance=1e-4, settle=5.0, watch=None,
+                 nonce=None, sleep=None, clock=None):
+        self.client = client
+        self.lmcache = lmcache
+        self.metrics_url = metrics_url
+        self.model = model
+        self.prefix_tokens = prefix_tokens
+        self.max_tokens = max_tokens
+        self.miss = miss
+        self.flood_prompts = flood_prompts
+        self.chunk_size = chunk_size
+        self.hash_algorithm = hash_algorithm
+        self.logprob_tolerance = logprob_tolerance
+        self.settle = settle
+        self.watch = watch
+        self.nonce = nonce or uuid.uuid4().hex
+        self.sleep = sleep or time.sleep
+        self.clock = clock or client.clock
+        self.facts = {}
+        self.warnings = []
+
+    # -- the two servers ----------------------------------------------------------------------
+    def fail(self, sentence):
+        raise LMCacheCheckError(sentence, dict(self.facts, warnings=list(self.warnings)))
+
+    def engine_metrics(self):
+        try:
+            text = self.client.get_text(self.metrics_url)
+            page = parse_metrics(text, self.model)
+        except OpenAIHTTPError as exc:
+            self.fail("The engine's metrics cannot be read: %s." % str(exc).rstrip("."))
+        except CheckError as exc:
+            self.fail(exc.msg)
+        page["cache_info"] = cache_info(text)
+        page["connector"] = connector_kind(text)
+        return page
+
+    def lmcache_metrics(self):
+        if self.lmcache is None or not self.facts.get("lmcache_reachable"):
+            return {"samples": {}, "block_size": None}
+        try:
+            return parse_metrics(self.lmcache.get_text("/metrics"))
+        except OpenAIHTTPError as exc:
+            self.fail("The LMCache server at %s stopped answering during the check (%s): was it stopped?"
+                      % (self.lmcache.base_url, str(exc).rstrip(".")))
+        except CheckError as exc:
+            self.fail(exc.msg)
+        return None
+
+    def read_lmcache_config(self):
+        """The server's chunk size and hash algorithm from ``/config`` (``mp``); records whether it answered."""
+        self.facts["lmcache_reachable"] = False
+        if self.lmcache is None:
+            return None
+        try:
+            config = self.lmcache.get_json("/config")
+        except OpenAIHTTPError as exc:
+            self.facts["lmcache_error"] = str(exc)
+            return None
+        self.facts["lmcache_reachable"] = True
+        mp = config.get("mp") if isinstance(config, dict) else None
+        if not isinstance(mp, dict):
+            self.fail("%s/config is not the configuration of an LMCache server in multiprocess mode (no 'mp' section)."
+                      % self.lmcache.base_url)
+        server = {"chunk_size": mp.get("chunk_size"), "hash_algorithm": mp.get("hash_algorithm"),
+                  "kv_event_log_size": mp.get("kv_event_log_size")}
+        self.facts["lmcache_server"] = server
+        return server
+
+    def resolve_model(self):
+        if self.model:
+            return self.model
+        try:
+            models = model_ids(self.client.get_json("/v1/models"))
+        except OpenAIHTTPError as exc:
+            self.fail("%s." % str(exc).rstrip("."))
+        if not models:
+            self.fail("The engine lists no model at /v1/models; set the model option.")
+        self.model = models[0]
+        return self.model
+
+    def tokenize(self, text):
+        try:
+            answer = self.client.post_json("/tokenize", {"model": self.model, "prompt": text, "add_special_tokens": True})
+        except OpenAIHTTPError as exc:
+            self.fail("The engine cannot tokenize the prompt (%s); the check needs vLLM's /tokenize." % str(exc).rstrip("."))
+        tokens = answer.get("tokens") if isinstance(answer, dict) else None
+        if not isinstance(tokens, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in tokens):
+            self.fail("The engine's /tokenize answered no list of token ids.")
+        return tokens
+
+    def build_prompt(self, nonce, tokens_wanted):
+        """A prompt of about ``tokens_wanted`` tokens starting with ``nonce``, and its token ids."""
+        head = "[%s] " % nonce
+        words = max(8, int(tokens_wanted / TOKENS_PER_WORD_GUESS))
+        for dummy in range(6):
+            text = head + filler(words, seed=7)
+            tokens = self.tokenize(text)
+            if len(tokens) >= tokens_wanted:
+                return text, tokens
+            words = int(words * float(tokens_wanted) / max(len(tokens), 1)) + 4
+        return text, tokens
+
+    # -- requests -------------------------------------------------------------------------------
+    def complete(self, prompt, what):
+        body = {"model": self.model, "prompt": prompt, "max_tokens": self.max_tokens, "temperature": 0, "logprobs": 1}
+        try:
+            answer = self.client.stream_completion(body)
+            usage = check_usage(answer.get("usage") or {})
+        except OpenAIHTTPError as exc:
+            self.fail("The %s request failed: %s." % (what, str(exc).rstrip(".")))
+        return {"ttft": round(answer["ttft"], 4), "latency": round(answer["latency"], 4), "text": answer["text"],
+                "logprobs": answer.get("logprobs") or [], "prompt_tokens": usage.get("prompt_tokens"),
+                "cached_tokens": cached_tokens(usage)}
+
+    def after(self, before, prompt_tokens):
+        """The engine's metrics once the request shows in its query counter (bounded by ``settle``)."""
+        deadline = self.clock() + self.settle
+        while True:
+            page = self.engine_metrics()
+            if prompt_tokens is None or _delta(before, page, DEVICE_QUERIES) >= prompt_tokens or self.clock() >= deadline:
+                return page
+            self.sleep(0.05)
+
+    def wait_stored(self, before, chunks):
+        """LMCache's metrics once it wrote ``chunks`` chunks more (or ``settle`` passed)."""
+        deadline = self.clock() + self.settle
+        while True:
+            page = self.lmcache_metrics()
+            if _delta(before, page, L1_WRITE_CHUNKS) >= chunks or self.clock() >= deadline:
+                return page
+            self.sleep(0.05)
+
+    # -- making the engine's own cache miss ---------------------------------------------------
+    def reset(self):
+        """``POST /reset_prefix_cache``: True when done, False when the engine does not serve it (404, 405)."""
+        for dummy in range(20):
+            try:
+                answer = self.client.post_json("/reset_prefix_cache", {})
+            except OpenAIHTTPError as exc:
+                if exc.status in (404, 405):
+                    return False
+                self.fail("Resetting the engine's prefix cache failed: %s." % str(exc).rstrip("."))
+            if not isinstance(answer, dict) or answer.get("success") is not False:
+                return True
+            self.sleep(0.1)   # blocks still held by a running request
+        self.fail("The engine refused to reset its prefix cache 20 times (blocks held by running requests?).")
+        return False
+
+    def flood(self, page):
+        """Fill the engine's KV cache with other prompts until the stored one is evicted (at most ``flood_prompts``)."""
+        info = self.cache_info(page)
+        capacity = info.get("num_gpu_blocks", 0) * info.get("block_size", 0)
+        length = max(64, min(self.facts.get("max_model_len") or 2048, 4096) - self.max_tokens - 16)
+        count = self.flood_prompts if not capacity else min(self.flood_prompts, int(capacity * 1.25 // length) + 2)
+        for index in range(count):
+            text = "[%s-flood-%d] " % (self.nonce, index) + filler(int(length / TOKENS_PER_WORD_GUESS * 0.9), seed=index + 1)
+            body = {"model": self.model, "prompt": text, "max_tokens": 1, "temperature": 0}
+            try:
+                self.client.post_json("/v1/completions", body)
+            except OpenAIHTTPError as exc:
+                self.fail("A request of the eviction flood failed: %s." % str(exc).rstrip("."))
+        return count
+
+    @staticmethod
+    def cache_info(page):
+        return page.get("cache_info") or {}
+
+    def learn_engine(self):
+        try:
+            listing = self.client.get_json("/v1/models")
+        except OpenAIHTTPError:
+            return
+        for entry in (listing.get("data") or []) if isinstance(listing, dict) else []:
+            if isinstance(entry, dict) and entry.get("id") == self.model and isinstance(entry.get("max_model_len"), int):
+                self.facts["max_model_len"] = entry["max_model_len"]
+
+    # -- the check --------------------------------------------------------------------------------
+    def run(self):
+        self.resolve_model()
+        self.facts["model"] = self.model
+        server = self.read_lmcache_config()
+        m0 = self.engine_metrics()
+        connector = self.facts["connector"] = m0["connector"]
+        if EXTERNAL_HITS not in m0["samples"] or EXTERNAL_QUERIES not in m0["samples"]:
+            self.fail("The engine exposes no %s counter: no KV connector is configured (start vLLM with --kv-transfer-config "
+                      "naming LMCacheMPConnector and the LMCache server's port)." % EXTERNAL_HITS)
+        if connector == "multiprocess" and self.lmcache is not None and server is None:
+            self.fail("The LMCache server at %s is unreachable (%s), so the engine's LMCacheMPConnector can neither store nor "
+                      "retrieve: is the server running (stopped?) and is the connector pointed at it?"
+                      % (self.lmcache.base_url, self.facts.get("lmcache_error", "no answer").rstrip(".")))
+        chunk_size = self.check_server(server)
+        self.learn_engine()
+        nonce = self.nonce
+        prompt, token_ids = self.build_prompt(nonce, self.prefix_tokens)
+        prompt_tokens = len(token_ids)
+        self.facts.update(prompt_tokens=prompt_tokens, chunk_size=chunk_size, nonce=nonce)
+        if chunk_size and prompt_tokens < chunk_size + 1:
+            self.fail("The prompt has %d tokens, not more than one LMCache chunk (%d tokens), and only full chunks are "
+                      "stored: raise prefix_tokens." % (prompt_tokens, chunk_size))
+        if self.watch is not None:
+            self.watch.start()
+        try:
+            return self.cycle(prompt, token_ids, m0, chunk_size)
+        finally:
+            if self.watch is not None:
+                self.watch.close()
+
+    def check_server(self, server):
+        """The chunk size to expect; fails on a server whose chunk size or hash algorithm is not the expected one."""
+        if server is None:
+            return self.chunk_size
+        actual = server.get("chunk_size")
+        if not isinstance(actual, int) or isinstance(actual, bool) or actual <= 0:
+            self.fail("The LMCache server's /config names no chunk size (mp.chunk_size).")
+        if self.chunk_size and actual != self.chunk_size:
+            self.fail("The LMCache server stores chunks of %d tokens, not the %d expected (chunk_size): a chunk-size mismatch "
+                      "between the server (--chunk-size) and what the engine's side was set up for." % (actual, self.chunk_size))
+        algorithm = server.get("hash_algorithm")
+        if self.hash_algorithm and algorithm != self.hash_algorithm:
+            self.fail("The LMCache server hashes chunks with %s, not %s (hash_algorithm): a hash-algorithm mismatch between the "
+                      "server (--hash-algorithm) and the connector (lmcache.mp.hash_algorithm), whose KV events then name chunks "
+                      "the server does not hold." % (algorithm, self.hash_algorithm))
+        return actual
+
+    def cycle(self, prompt, token_ids, m0, chunk_size):
+        l0 = self.lmcache_metrics()
+        cold = self.complete(prompt, "cold")
+        m1 = self.after(m0, cold["prompt_tokens"])
+        expected_chunks = full_chunks(len(token_ids), chunk_size) // chunk_size if chunk_size else 0
+        l1 = self.wait_stored(l0, expected_chunks) if self.facts.get("lmcache_reachable") else l0
+        stored_chunks = _delta(l0, l1, L1_WRITE_CHUNKS) if self.facts.get("lmcache_reachable") else None
+        if self.watch is not None:   # LMCache's store events (medium CPU) come with the engine's next step or two
+            self.watch.wait_for(lambda: self.watch.stored_chunks() >= expected_chunks, min(self.settle, 1.0))
+        method = self.miss
+        if method in ("auto", "reset"):
+            if self.reset():
+                method = "reset"
+            elif method == "reset":
+                self.fail("The engine does not serve POST /reset_prefix_cache (start it with VLLM_SERVER_DEV_MODE=1, or use "
+                          "miss=evict).")
+            else:
+                method = "evict"
+        flood = self.flood(m1) if method == "evict" else 0
+        m2 = self.engine_metrics()
+        if self.watch is not None:
+            self.watch.mark("restored")
+        restored = self.complete(prompt, "restored")
+        m3 = self.after(m2, restored["prompt_tokens"])
+        l2 = self.lmcache_metrics()
+        if self.watch is not None:
+            self.watch.pump(0.2)
+        facts = self.measure(cold, restored, (m0, m1, m2, m3), (l0, l1, l2), chunk_size, stored_chunks, method, flood)
+        if self.watch is not None:
+            facts["events"] = self.events(token_ids, facts)
+        self.facts.update(facts)
+        self.judge()
+        return dict(self.facts, warnings=list(self.warnings))
+
+    def measure(self, cold, restored, engine_pages, lmcache_pages, chunk_size, stored_chunks, method, flood):
+        m0, m1, m2, m3 = engine_pages
+        l0, l1, l2 = lmcache_pages
+        reachable = self.facts.get("lmcache_reachable")
+        prompt_tokens = restored["prompt_tokens"] or self.facts["prompt_tokens"]
+        difference = max_logprob_difference(cold["logprobs"], restored["logprobs"])
+        return {
+            "miss_method": method,
+            "flood_prompts": flood,
+            "block_size": self.cache_info(m0).get("block_size"),
+            "stored_tokens": stored_chunks * chunk_size if stored_chunks is not None and chunk_size else None,
+            "expected_hit_tokens": expected_hit_tokens(prompt_tokens, chunk_size) if chunk_size else None,
+            "external_hit_tokens": _delta(m2, m3, EXTERNAL_HITS),
+            "external_query_tokens": _delta(m2, m3, EXTERNAL_QUERIES),
+            "device_hit_tokens": _delta(m2, m3, DEVICE_HITS),
+            "cold_external_hit_tokens": _delta(m0, m1, EXTERNAL_HITS),
+            "lmcache_hit_tokens": _delta(l1, l2, LOOKUP_HIT_TOKENS) if reachable else None,
+            "lmcache_requested_tokens": _delta(l1, l2, LOOKUP_REQUESTED_TOKENS) if reachable else None,
+            "hit_tokens": restored["cached_tokens"],
+            "cold": dict((k, cold[k]) for k in ("ttft", "latency", "prompt_tokens", "cached_tokens", "text")),
+            "restored": dict((k, restored[k]) for k in ("ttft", "latency", "prompt_tokens", "cached_tokens", "text")),
+            "same_text": cold["text"] == restored["text"],
+            "logprob_max_difference": difference,
+            "compared_tokens": len(restored["logprobs"]),
+        }
+
+    def events(self, token_ids, facts):
+        media = self.watch.media()
+        tiers = self.watch.tiers(token_ids, facts["block_size"] or 16)
+        served = facts["external_hit_tokens"] + facts["device_hit_tokens"]
+        host = media.get("CPU", {})
+        return dict(tiers, media=media, host_events=host.get("stored_events", 0) > 0,
+                    host_removed_blocks=host.get("removed_blocks", 0),
+                    invisible_tokens=max(0, served - tiers["predicted_tokens"]))
+
+    # -- verdict ------------------------------------------------------------------------------
+    def judge(self):
+        f = self.facts
+        hit = f["external_hit_tokens"]
+        expected = f["expected_hit_tokens"]
+        if hit == 0:
+            self.fail(self.no_hit_sentence())
+        if f["device_hit_tokens"] and f["miss_method"] == "evict":
+            self.warnings.append("The engine's own prefix cache still held %d tokens of the prompt after the flood."
+                                 % f["device_hit_tokens"])
+        if expected is not None and hit != expected:
+            self.fail("The restored request got %d tokens from LMCache (vllm:external_prefix_cache_hits_total), not the %d its %d "
+                      "prompt tokens give in full chunks of %d: a chunk-size mismatch, or chunks lost in between."
+                      % (hit, expected, f["prompt_tokens"], f["chunk_size"]))
+        if f["lmcache_hit_tokens"] is not None and f["lmcache_hit_tokens"] < hit:
+            self.fail("The engine counts %d tokens from its connector, but the LMCache server at %s found only %d on lookup: the "
+                      "connector talks to another server." % (hit, self.lmcache.base_url, f["lmcache_hit_tokens"]))
+        if not f["same_text"]:
+            self.fail("The restored request's greedy completion differs from the cold one (%r against %r): the KV cache LMCache "
+                      "gave back is not the one the engine computed." % (_clip(f["restored"]["text"]), _clip(f["cold"]["text"])))
+        difference = f["logprob_max_difference"]
+        if difference is None:
+            self.warnings.append("The engine returned no log-probabilities to compare; only the texts were compared.")
+        elif difference > self.logprob_tolerance:
+            self.fail("The restored request's log-probabilities differ from the cold one's by up to %.3g (tolerance %.3g): the KV "
+                      "cache LMCache gave back is not the one the engine computed." % (difference, self.logprob_tolerance))
+
+    def no_hit_sentence(self):
+        f = self.facts
+        base = "The restored request got no token from LMCache (vllm:external_prefix_cache_hits_total did not move over %d " \
+               "prompt tokens)" % f["prompt_tokens"]
+        if f["device_hit_tokens"] and f["device_hit_tokens"] >= (f["expected_hit_tokens"] or 1):
+            return base + ", because the engine's own prefix cache still held it (%d tokens): the %s did not make it miss." % (
+                f["device_hit_tokens"], "reset" if f["miss_method"] == "reset" else "flood of %d prompts" % f["flood_prompts"])
+        if f["connector"] == "in-process" or (f["connector"] == "unknown" and not f.get("lmcache_reachable")):
+            which = ("vLLM runs LMCache's in-process connector (LMCacheConnectorV1: lmcache:* metrics on its page, no "
+                     "vllm:lmcache_mp_* ones)" if f["connector"] == "in-process" else
+                     "the engine's connector is not LMCache's multiprocess one (no vllm:lmcache_mp_* metrics) and no LMCache "
+                     "server answers%s" % ((" at %s" % self.lmcache.base_url) if self.lmcache is not None else ""))
+            return (base + ": %s, which on a CPU engine falls back to recompute (LMCache 0.5.6 has no CPU connector, "
+                    "lmcache/v1/gpu_connector/__init__.py); run LMCache in multiprocess mode (an lmcache server and "
+                    "LMCacheMPConnector)." % which)
+        if f.get("stored_tokens") == 0:
+            return base + ": the LMCache server stored no chunk of the cold request (is the connector pointed at %s?)." % (
+                self.lmcache.base_url if self.lmcache is not None else "the server")
+        if f.get("lmcache_hit_tokens") == 0 and f.get("stored_tokens"):
+            return base + (": the LMCache server holds the %d tokens the cold request stored but its lookup found none of "
+                           "them: a hash-algorithm or hash-seed mismatch between the connector and the server (PYTHONHASHSEED, "
+                           "--hash-algorithm)." % f["stored_tokens"])
+        return base + "."
+
+
+def _clip(text, limit=40):
+    text = str(text)
+    return text if len(text) <= limit else text[:limit] + "..."
