@@ -194,7 +194,7 @@ ENGINE_PYTHON = os.path.expanduser("~/.cache/inference_cache/local_engine/venv/b
 BURST = os.path.join(ROOT, "tests", "integration", "_kv_vllm_burst.py")
 
 
-def test_vllm_publisher_burst_loses_nothing():
+def test_vllm_publisher_burst_loses_nothing(tmp_path):
     """20,000 batches through vllm@v0.32.0 ZmqEventPublisher (hwm 20, replay buffer 20,000): every one is counted.
 
     Drops at the high-water mark are certain at this rate (asserted: gaps were found, so this test can fail); the last
@@ -225,7 +225,8 @@ def test_vllm_publisher_burst_loses_nothing():
     # that one step is ordering, not an event.
     proc = subprocess.Popen([ENGINE_PYTHON, BURST, "--endpoint", ep, "--replay-endpoint", "tcp://*:%d" % rep_port, "--batches", "20000",
                              "--hwm", "20", "--buffer-steps", "20000", "--linger", "420", "--go-on-stdin"],
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT)
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT,
+                            env=dict(os.environ, TMPDIR=str(tmp_path)))  # importing vllm makes torchinductor_<user> there
     thread = threading.Thread(target=run, daemon=True)
     try:
         ready, _w, _x = select.select([proc.stdout], [], [], 900)

@@ -170,11 +170,12 @@ def test_every_gap_and_the_tail_repaired_through_the_engine_replay(engine):  # p
           % (stream["last"], stream["batches"], gaps["found"], gaps["tail"], facts["counts"]["BlockStored"]))
 
 
-def test_vllm_0_32_events_are_what_the_epp_decoder_takes():
+def test_vllm_0_32_events_are_what_the_epp_decoder_takes(tmp_path):
     """Issue 9, point 6: every field of vLLM 0.32's events, encoded by vLLM's own encoder, as the EPP v0.9.0 reads it."""
     _engine_installed()
     run = subprocess.run([ENGINE_PYTHON, os.path.join(ROOT, "tests", "integration", "_kv_vllm_encode.py")],
-                         capture_output=True, text=True, timeout=300, check=False)
+                         capture_output=True, text=True, timeout=300, check=False,
+                         env=dict(os.environ, TMPDIR=str(tmp_path)))  # importing vllm makes torchinductor_<user> there
     assert run.returncode == 0, run.stderr[-3000:]
     batches = json.loads(run.stdout.strip().splitlines()[-1])
     seen = []
@@ -187,13 +188,14 @@ def test_vllm_0_32_events_are_what_the_epp_decoder_takes():
     assert sorted(set(seen)) == ["AllBlocksCleared", "BlockRemoved", "BlockStored"]
 
 
-def test_data_parallel_endpoints_are_vllms_own():
+def test_data_parallel_endpoints_are_vllms_own(tmp_path):
     """The endpoints the check subscribes to for rank N are the ones vLLM 0.32's publisher of rank N uses."""
     _engine_installed()
     cases = [["tcp://*:5557", 0], ["tcp://*:5557", 3], ["tcp://127.0.0.1:6000", 1], ["tcp://[::1]:7000", 2],
              ["inproc://kv", 2], ["tcp://*:0", 1]]
     code = ("import json, sys; from vllm.distributed.kv_events import ZmqEventPublisher as P; "
             "print(json.dumps([P.offset_endpoint_port(e, r) for e, r in json.loads(sys.argv[1])]))")
-    run = subprocess.run([ENGINE_PYTHON, "-c", code, json.dumps(cases)], capture_output=True, text=True, timeout=300, check=False)
+    run = subprocess.run([ENGINE_PYTHON, "-c", code, json.dumps(cases)], capture_output=True, text=True, timeout=300, check=False,
+                         env=dict(os.environ, TMPDIR=str(tmp_path)))  # importing vllm makes torchinductor_<user> there
     assert run.returncode == 0, run.stderr[-3000:]
     assert json.loads(run.stdout.strip().splitlines()[-1]) == [kvz.offset_endpoint(e, r) for e, r in cases]

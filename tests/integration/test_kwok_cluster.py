@@ -97,8 +97,12 @@ def cluster(tmp_path_factory):
 
 
 def _dynamic(api):
-    from kubernetes.dynamic import DynamicClient  # pylint: disable=import-outside-toplevel
-    return DynamicClient(api)
+    from kubernetes.dynamic import DynamicClient, LazyDiscoverer  # pylint: disable=import-outside-toplevel
+
+    class InMemoryDiscoverer(LazyDiscoverer):   # no osrcp-<hash>.json left in the temporary folder
+        def _write_cache(self):
+            pass
+    return DynamicClient(api, discoverer=InMemoryDiscoverer)
 
 
 @pytest.fixture(scope="module")

@@ -162,7 +162,7 @@ def test_lmcache_launcher_follows_the_settings(tmp_path):
     assert config["kv_connector_extra_config"]["lmcache.mp.port"] == 8150 and config["kv_connector_extra_config"]["lmcache.mp.mq_timeout"] == 30
 
 
-def test_lmcache_server_flags_parse_with_lmcache_s_own_parser():
+def test_lmcache_server_flags_parse_with_lmcache_s_own_parser(tmp_path):
     """Every flag the role renders exists in the installed lmcache 0.5.6 and parses (the engine lane has the install)."""
     python = os.path.expanduser("~/.cache/inference_cache/local_engine/venv/bin/python")
     probe = subprocess.run([python, "-c", "import lmcache"], capture_output=True, timeout=120, check=False) if os.path.exists(python) else None
@@ -177,7 +177,7 @@ def test_lmcache_server_flags_parse_with_lmcache_s_own_parser():
             "mp = parse_args_to_mp_server_config(args); sm = parse_args_to_config(args)\n"
             "print(json.dumps([mp.chunk_size, mp.hash_algorithm, mp.kv_event_log_size, mp.supported_transfer_mode, args.http_port]))\n")
     run = subprocess.run([python, "-c", code] + LMCACHE_ARGV, capture_output=True, text=True, timeout=300, check=False,
-                         env=dict(os.environ, LMCACHE_TRACK_USAGE="false", PROMETHEUS_MULTIPROC_DIR=""))
+                         env=dict(os.environ, LMCACHE_TRACK_USAGE="false", PROMETHEUS_MULTIPROC_DIR="", TMPDIR=str(tmp_path)))
     assert run.returncode == 0, run.stderr[-2000:]
     assert json.loads(run.stdout.strip().splitlines()[-1]) == [64, "blake3", 0, "auto", 8051]
 
@@ -410,3 +410,32 @@ def test_a_failed_install_stops_the_install_it_left_running(tmp_path):
     finally:
         for line in _installers(str(state)):
             os.kill(int(line.split()[0]), 9)
+
+
+# -- the verify role's report with HOME set elsewhere (issue 38 point 3) ------------------------------------------------
+def test_the_report_is_read_where_it_is_written_whatever_home_is(tmp_path):
+    """With HOME set to another folder (a CI home, a sandbox), the report lands under that HOME, and a second run of the
+    same outcome reads it there and writes nothing. Ansible's action plugins (copy, template) expand "~" through the
+    account's home while modules (file, slurp) use $HOME: a report dir of "~/..." was written in one folder, read from
+    another, and rewritten on every run (the idempotence of molecule's default scenario failed under .ci/run)."""
+    home = tmp_path / "home"
+    home.mkdir()
+    playbook = tmp_path / "report.yml"
+    playbook.write_text(yaml.safe_dump([{
+        "hosts": "local_engine", "gather_facts": False,
+        "vars": {"_verify_kv_cold": {"engine": "vllm", "block_size": 32, "wire_format": {"batch": "array"}},
+                 "_verify_prefix": {"engine": "vllm", "block_size": 32, "block_size_source": "option"}},
+        "tasks": [{"ansible.builtin.include_role": {"name": "inference_cache.substrate.verify", "tasks_from": "report"}}],
+    }], sort_keys=False))
+    env = dict(ENV, HOME=str(home), ANSIBLE_LOCAL_TEMP=str(tmp_path / "tmp"), ANSIBLE_ASYNC_DIR=str(home / ".ansible_async"),
+               ANSIBLE_CALLBACK_RESULT_FORMAT="yaml", ANSIBLE_COLLECTIONS_PATH=os.path.join(ROOT, ".cache", "collections"))
+    recaps = []
+    for _attempt in range(2):
+        run = subprocess.run([os.path.join(BIN, "ansible-playbook"), "-i", "inventories/local", str(playbook)],
+                             cwd=ROOT, env=env, capture_output=True, text=True, timeout=300, check=False)
+        assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]
+        recaps.append([line for line in run.stdout.splitlines() if line.startswith("localhost")][-1])
+    reports = home / ".cache" / "inference_cache" / "reports"
+    assert json.loads((reports / "report.json").read_text())["outcome"]["prefix_cache"]["engine"] == "vllm"
+    assert (reports / "summary.txt").exists()
+    assert " changed=0 " not in recaps[0] and " changed=0 " in recaps[1], recaps

@@ -21,10 +21,13 @@ __metaclass__ = type  # pylint: disable=invalid-name
 
 import json
 import os
+import pathlib
 import re
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import urllib.request
 
 import pytest
@@ -132,7 +135,7 @@ def _post(url, body, timeout=10):
         return json.loads(answer.read())
 
 
-def test_a_confined_fleet_runs_publishes_and_stops_without_leftovers(tmp_path):
+def test_a_confined_fleet_runs_publishes_and_stops_without_leftovers(tmp_path, request):
     if not os.access(BINARY, os.X_OK):
         pytest.skip("llm-d-inference-sim %s is not built (make go-build builds it; the role builds it on first use, about 3 "
                     "minutes)." % VERSION)
@@ -141,8 +144,10 @@ def test_a_confined_fleet_runs_publishes_and_stops_without_leftovers(tmp_path):
     fleet = {"simulated_engine_state_dir": str(state), "simulated_engine_name": "t", "simulated_engine_count": 2,
              "simulated_engine_first_address": "127.0.1.201", "simulated_engine_port": 9300, "simulated_engine_block_size": 16,
              "simulated_engine_kv_cache_size": 256, "simulated_engine_event_batch_size": 1}
-    scratch = tmp_path / "tmp"
-    scratch.mkdir()
+    # The temporary folder the role's processes get: a short one (the confined bridge's Unix socket paths hold at most
+    # 107 bytes, which pytest's tmp_path under a suite's own TMPDIR exceeds), checked empty and removed at the end.
+    scratch = pathlib.Path(tempfile.mkdtemp(prefix="sim-"))
+    request.addfinalizer(lambda: shutil.rmtree(str(scratch), ignore_errors=True))
     try:
         run = _playbook(scratch, fleet, {"simulated_engine_report_path": str(report)})
         assert run.returncode == 0, run.stdout[-3000:]

@@ -64,6 +64,18 @@ def rendered_pool(path):
     return pools[0]
 
 
+def dynamic_client(api_client):
+    """kubernetes.dynamic's client without its discovery cache file: by default it writes ``osrcp-<hash>.json`` into the
+    temporary folder on every first use and never removes it; here discovery is kept in memory for the process."""
+    from kubernetes import dynamic  # pylint: disable=import-outside-toplevel
+
+    class InMemoryDiscoverer(dynamic.LazyDiscoverer):
+        def _write_cache(self):
+            pass
+
+    return dynamic.DynamicClient(api_client, discoverer=InMemoryDiscoverer)
+
+
 class GIEPool:
     """In a kwok cluster: ``pool`` (the router role's InferencePool), in ``namespace`` as ``name`` on the engines' ``port``,
     and one simulated pod per local engine, labelled as the pool selects and annotated with the engine's address (kwok_cluster's
@@ -72,8 +84,8 @@ class GIEPool:
     ``engines``: ``[(name, address)]``. Needs the InferencePool CRDs (``apply(crds=...)``)."""
 
     def __init__(self, kubeconfig, pool, engines, name=None, namespace=None, port=None, annotation=POD_IP_ANNOTATION):
-        from kubernetes import config, dynamic  # pylint: disable=import-outside-toplevel
-        self.client = dynamic.DynamicClient(config.new_client_from_config(kubeconfig))
+        from kubernetes import config  # pylint: disable=import-outside-toplevel
+        self.client = dynamic_client(config.new_client_from_config(kubeconfig))
         self.kubeconfig = kubeconfig
         self.pool = copy.deepcopy(pool)
         meta = self.pool.setdefault("metadata", {})
