@@ -474,7 +474,9 @@ def sglang_checked(commands, sglang_python):  # pylint: disable=redefined-outer-
     for entries in commands["per_case"].values():
         for entry in entries:
             if entry["role"] == "engine-pod" and is_sglang(entry["argv"]):
-                env = dict(entry["env"], **ADDED_ENV)
+                # the process's own temporary folder too (local_env's): importing SGLang's parser imports torch's
+                # inductor, which makes torchinductor_<user> there
+                env = dict(entry["env"], TMPDIR=os.path.join(commands["data_dir"], "home", "tmp"), **ADDED_ENV)
                 key = json.dumps([entry["argv"], env], sort_keys=True)
                 unique.setdefault(key, {"id": "s%d" % len(unique), "argv": entry["argv"], "env": env, "users": []})["users"].append(entry["id"])
     out = os.path.join(commands["workdir"], "sglang-results.jsonl")
@@ -538,8 +540,10 @@ def test_sglang_check_refuses_a_wrong_command(sglang_python, tmp_path):  # pylin
              "kv": (base + ["--kv-events-config", '{"enable_kv_cache_events":true,"publisher":"zmq"}'],
                     "KVEventsConfig has no field enable_kv_cache_events")}
     out = str(tmp_path / "wrong.jsonl")
+    env = {"TMPDIR": str(tmp_path)}   # importing SGLang's parser makes torchinductor_<user> in the temporary folder
     run = subprocess.run([sglang_python, SGLANG_CLI, "check", out], capture_output=True, text=True, timeout=600, check=False,
-                         input=json.dumps({"commands": [{"id": k, "argv": argv, "env": {}} for k, (argv, _why) in wrong.items()]}))
+                         env=dict(os.environ, **env),
+                         input=json.dumps({"commands": [{"id": k, "argv": argv, "env": env} for k, (argv, _why) in wrong.items()]}))
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
     with open(out) as handle:
         results = dict((r["id"], r) for r in (json.loads(line) for line in list(handle)[1:]))
