@@ -97,12 +97,10 @@ def cluster(tmp_path_factory):
 
 
 def _dynamic(api):
-    from kubernetes.dynamic import DynamicClient, LazyDiscoverer  # pylint: disable=import-outside-toplevel
-
-    class InMemoryDiscoverer(LazyDiscoverer):   # no osrcp-<hash>.json left in the temporary folder
-        def _write_cache(self):
-            pass
-    return DynamicClient(api, discoverer=InMemoryDiscoverer)
+    """The collection's dynamic client (discovery in memory: no osrcp-<hash>.json left in the temporary folder)."""
+    sys.path.insert(0, os.path.join(ROOT, "tools"))
+    from _loader import module_utils  # pylint: disable=import-outside-toplevel,import-error
+    return module_utils("epp.local_kube").dynamic_client(api)
 
 
 @pytest.fixture(scope="module")
