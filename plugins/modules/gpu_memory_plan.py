@@ -23,12 +23,12 @@ description:
     143771 MiB (140.4 GiB), CUDA 139.80 GiB. A O(gpu_memory) that is a known card's datasheet or nvidia-smi figure is
     planned with that card's CUDA total, with a warning."
   - "The reserve per GPU, unless O(reserved_memory) is given: the CUDA context (0.68 GiB, measured on an H200 with
-    PyTorch 2.11 and CUDA 13), 384 MiB of workspaces, and the larger of the activations of one prefill chunk of
+    PyTorch 2.11 and CUDA 13), 416 MiB of workspaces, and the larger of the activations of one prefill chunk of
     O(max_num_batched_tokens) tokens (T x 2 bytes x (3 x intermediate_size / tp + 4 x hidden_size), plus the float32
     log-sum-exp of each query head) and the sampler's (the logits of O(engine_max_num_seqs) sequences over the
     vocabulary, in the model's dtype and three float32 copies, as vLLM 0.32.0's memory profile samples them). Against
-    an H200 it covers what five 7-8B models needed for an 8192-token prefill (1.44-1.77 GiB with the CUDA context;
-    the plan gives 1.81-2.14 GiB)."
+    an H200 it covers what five 7-8B models needed for an 8192-token prefill and a sampling step of 1 or 1024
+    sequences (1.71-2.77 GiB with the CUDA context; the plan keeps 0.01-0.41 GiB more)."
   - "Not covered: CUDA graphs (vLLM captures them after sizing the KV cache, out of the memory above
     O(gpu_memory_utilization), unless C(VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS) is set), NCCL and all-reduce buffers
     at tensor-parallel sizes above 1, LoRA adapters, multimodal encoders and MoE expert activations (the dense

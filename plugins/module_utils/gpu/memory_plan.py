@@ -16,7 +16,7 @@ The arithmetic, per GPU of one replica at tensor-parallel size ``tp`` (bytes thr
 
   - CUDA context = 0.68 GiB: what a CUDA process holds outside PyTorch's allocator, measured on an H200 with
     PyTorch 2.11 + CUDA 13 (REFERENCE M5); smaller cards hold a little less.
-  - workspaces   = 384 MiB: cuBLAS and attention-library workspaces and the allocator's rounding.
+  - workspaces   = 416 MiB: cuBLAS and attention-library workspaces and the allocator's rounding.
   - forward      = T x a x (3 x ceil(I / tp) + 4 x H) + T x ceil(heads / tp) x 4: one prefill chunk of T tokens
     (the engine's ``max_num_batched_tokens``) through one layer, a bytes per activation (2; 4 for float32 models),
     I the MLP's intermediate size, H the hidden size. The MLP holds the gate projection, its activation and the up
@@ -34,9 +34,10 @@ The arithmetic, per GPU of one replica at tensor-parallel size ``tp`` (bytes thr
 * the smallest tp (a power of two dividing the attention heads, at most ``max_gpus``) whose weights share plus the
   KV cache for ``max_model_len x max_num_seqs`` tokens fits the usable memory is chosen.
 
-Held against an H200 (REFERENCE M5): Llama-3.1-8B, Qwen2.5-7B, Mistral-7B, Llama-2-7B and Qwen3-8B, one 8192-token
-prefill, needed 0.76-1.09 GiB beyond weights and cache plus 0.68 GiB of CUDA context (1.44-1.77 GiB); this reserve
-gives 1.81-2.14 GiB for them (sampling one sequence, as that run did), at least each measurement and within +50% of it.
+Held against an H200 (``benchmarks/bench_gpu_plan.py``, 2026-12-04): for Llama-3.1-8B, Qwen2.5-7B, Mistral-7B,
+Llama-2-7B and Qwen3-8B, one 8192-token prefill and a sampling step of 1 or 1024 sequences took 1.71-2.77 GiB beside
+weights and cache (PyTorch's reserved peak plus the 0.68 GiB CUDA context); this reserve is 0.01-0.41 GiB above each,
+and with the KV cache it promises at utilization 1.0 allocated, the same steps ran on the card every time.
 
 T and the engine's max_num_seqs default to what vLLM 0.32.0's OpenAI server picks (``vllm/engine/arg_utils.py``
 ``EngineArgs.get_batch_defaults``): 16384 and 1024 on GPUs of 160 GiB or more, 8192 and 1024 on GPUs of 70 GiB or
@@ -77,7 +78,7 @@ DTYPE_BYTES = {
 
 # The reserve's fixed parts (see the module docstring).
 CUDA_CONTEXT_BYTES = int(0.68 * GIB)
-WORKSPACE_BYTES = 384 * MIB
+WORKSPACE_BYTES = 416 * MIB
 SAMPLER_FLOAT32_COPIES = 3  # the float32 logits, the probabilities, the exponential noise (4 bytes each)
 # A config.json without these: sizes above those of the common dense decoders (Gemma's 8 x hidden, Gemma 3's vocabulary).
 FALLBACK_INTERMEDIATE_PER_HIDDEN = 8
