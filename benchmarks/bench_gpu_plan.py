@@ -153,7 +153,7 @@ def measure(libs, name, tokens, rows_list, gpu):
             total = torch.cuda.mem_get_info()[1]
             free_min = total - _non_torch(torch) - (torch.cuda.memory_reserved() + max(again.values()))
         except torch.OutOfMemoryError as exc:  # the plan promised more than the card holds
-            fits, note = False, str(exc).split(".")[0]
+            fits, note = False, str(exc).split(".", 1)[0]
         finally:
             cache = None
         torch.cuda.empty_cache()
@@ -187,7 +187,7 @@ def _table(rows, measured):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n", 1)[0])
     parser.add_argument("--tokens", type=int, default=8192, help="prefill tokens (max_num_batched_tokens)")
     parser.add_argument("--rows", default="1,1024", help="sampled rows (max_num_seqs), comma-separated")
     parser.add_argument("--models", default="all", help="comma-separated names of %s" % ", ".join(MODELS))
