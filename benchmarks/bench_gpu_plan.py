@@ -9,8 +9,8 @@
 For each of five model shapes (the config.json fields of Llama-3.1-8B, Qwen2.5-7B, Mistral-7B, Llama-2-7B and
 Qwen3-8B, random bf16 weights built from the config on the GPU):
 
-* weights and KV bytes per token: the plan's against the real tensors (the model's parameters; K and V of one token
-  over every layer);
+* weights and KV bytes per token: the plan's against the real tensors (the model's parameters as allocated; the output
+  rows of every layer's key and value projections);
 * the memory beside weights and KV cache, measured as vLLM 0.32.0 profiles it: one prefill of T tokens through the
   model (``logits_to_keep=1``), then a sampler step over R rows of logits (float32 copy, softmax, exponential noise,
   argmax), each peak over PyTorch's allocator (``max_memory_reserved``, so the allocator's rounding counts), plus the
@@ -92,6 +92,13 @@ def _build(torch, transformers, name):
     return model.eval()
 
 
+def kv_bytes_per_token(model):
+    """What one token's K and V take over every layer, from the model's own tensors: the output rows of each layer's
+    key and value projections (KV heads x head size), in the projections' dtype."""
+    attention = [module for name, module in model.named_modules() if name.endswith("self_attn")]
+    return sum((a.k_proj.weight.shape[0] + a.v_proj.weight.shape[0]) * a.k_proj.weight.element_size() for a in attention)
+
+
 def _non_torch(torch):
     free, total = torch.cuda.mem_get_info()
     return total - free - torch.cuda.memory_reserved()
@@ -135,9 +142,7 @@ def measure(libs, name, tokens, rows_list, gpu):
     model = _build(torch, transformers, name)
     weights = torch.cuda.memory_allocated() - before
     n_params = sum(p.numel() for p in model.parameters())
-    cfg = model.config
-    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-    kv_per_token = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * head_dim * 2
+    kv_per_token = kv_bytes_per_token(model)
     rows_out = []
     for rows in rows_list:
         plan = plan_for(name, tokens, rows, parameters=n_params, gpu=gpu)
