@@ -21,8 +21,10 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
 import threading
 import time
@@ -300,3 +302,41 @@ def test_resolve_epp_takes_llm_d_first_then_the_gie_build(tmp_path, monkeypatch)
 def test_a_gie_epp_needs_a_kubeconfig(tmp_path, stand_in):
     with pytest.raises(L.EPPError, match=r"^The GIE EPP discovers its endpoints through the Kubernetes API only; give the kubeconfig"):
         L.EPP(stand_in, {}, [("a", "127.0.0.1", 8000)], str(tmp_path), impl="gie")
+
+
+def test_a_runner_killed_while_its_program_is_slow_to_stop_leaves_no_sockets_folder(confinable, tmp_path):  # pylint: disable=unused-argument
+    """``confine --run`` (a simulated engine's service) gets SIGTERM, then SIGKILL when it has not exited within the
+    service's stop timeout (local_service; the simulated engine's is 10 s), while the program it confines is still
+    stopping. The bridge's sockets' folder, in the temporary folder, is gone by then: it goes at SIGTERM, not after the
+    program has exited (a CI run found one left behind)."""
+    import psutil  # pylint: disable=import-outside-toplevel
+    scratch = tempfile.mkdtemp(prefix="cf-")   # the runner's temporary folder: short, as the bridge's socket paths must be
+    root = os.path.dirname(L.__file__).rsplit(os.sep + "ansible_collections" + os.sep, 1)[0]
+    spec = {"reach": [], "serve": [9555], "folder": str(tmp_path), "label": "slow program"}
+    slow = [sys.executable, "-c", "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(60)"]
+    runner = subprocess.Popen(  # pylint: disable=consider-using-with
+        [sys.executable, "-m", "ansible_collections.inference_cache.substrate.plugins.module_utils.service.confine", "--run",
+         json.dumps(spec), "--"] + slow, env=dict(os.environ, TMPDIR=scratch, PYTHONPATH=root), start_new_session=True)
+    family = []
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not (os.listdir(scratch) and len(psutil.Process(runner.pid).children(recursive=True)) >= 3):
+            time.sleep(0.1)
+        sockets = [name for name in os.listdir(scratch) if name.startswith("epp-")]
+        assert len(sockets) == 1, os.listdir(scratch)
+        family = psutil.Process(runner.pid).children(recursive=True)
+        assert any("time.sleep(60)" in " ".join(p.cmdline()) for p in family), [p.cmdline() for p in family]
+        runner.send_signal(signal.SIGTERM)
+        time.sleep(2)   # the program ignores SIGTERM: the runner is still waiting on it
+        assert runner.poll() is None
+        os.killpg(runner.pid, signal.SIGKILL)
+        runner.wait(10)
+        assert os.listdir(scratch) == [], "left in the temporary folder: %s" % os.listdir(scratch)
+    finally:
+        for proc in family + [runner]:
+            try:
+                os.kill(proc.pid, signal.SIGKILL)
+            except OSError:
+                pass
+        runner.wait(10)
+        shutil.rmtree(scratch, ignore_errors=True)

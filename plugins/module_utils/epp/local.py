@@ -431,16 +431,20 @@ def serve(argv):
                                                     os.path.join(args.folder, "epp.kubeconfig"))
         except CheckError as exc:
             raise EPPError(exc.msg)
-    epp = EPP(args.binary, config, endpoints, args.folder, secure=args.secure, name="epp", impl=args.impl,
-              pool=args.pool or "substrate-local", kubeconfig=kubeconfig, namespace=args.namespace,
-              host_ports={"grpc": args.grpc_port, "metrics": args.metrics_port})
+    # A stop asked for while the EPP and its bridge are being set up is kept for after it (the default action would
+    # leave the bridge's sockets' folder behind).
     stopping = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stopping.set())
     signal.signal(signal.SIGINT, lambda *_: stopping.set())
-    epp.start(timeout=120)
-    sys.stdout.write("EPP (%s) serving ext_proc on %s, metrics on %s; log %s\n" % (args.impl, epp.address, epp.metrics_url, epp.log_path))
-    sys.stdout.flush()
+    epp = EPP(args.binary, config, endpoints, args.folder, secure=args.secure, name="epp", impl=args.impl,
+              pool=args.pool or "substrate-local", kubeconfig=kubeconfig, namespace=args.namespace,
+              host_ports={"grpc": args.grpc_port, "metrics": args.metrics_port})
     try:
+        if stopping.is_set():
+            return 0
+        epp.start(timeout=120)
+        sys.stdout.write("EPP (%s) serving ext_proc on %s, metrics on %s; log %s\n" % (args.impl, epp.address, epp.metrics_url, epp.log_path))
+        sys.stdout.flush()
         while not stopping.is_set() and epp.proc.poll() is None:
             stopping.wait(0.5)
     finally:

@@ -240,14 +240,19 @@ class Confined:
         return os.path.exists(self.ready_path)
 
     def stop(self):
-        stop_group(self.proc)
-        for forward in self.forwards:
-            forward.stop()
+        # The sockets' folder first: the program may take its time to exit (up to stop_group's bounds), and whoever
+        # stops this process may kill it meanwhile (local_service: SIGKILL after its stop timeout); the folder is in the
+        # temporary folder, where nothing else would remove it. New connections are refused from here on.
         shutil.rmtree(self.sockets, ignore_errors=True)
         try:
-            os.unlink(self.ready_path)
-        except (AttributeError, OSError):
-            pass
+            stop_group(self.proc)
+        finally:
+            for forward in self.forwards:
+                forward.stop()
+            try:
+                os.unlink(self.ready_path)
+            except (AttributeError, OSError):
+                pass
 
 
 def run(spec, command):
@@ -255,16 +260,19 @@ def run(spec, command):
     local_service: the simulated_engine role). SPEC: ``{"reach": [[host, port]...], "serve": [port...], "serve_host",
     "host_ports": {port: host port}, "folder", "label"}``; the program's output is this process's."""
     host_ports = dict((int(k), int(v)) for k, v in (spec.get("host_ports") or {}).items())
-    confined = Confined(command, [tuple(r) for r in spec.get("reach") or []], [int(p) for p in spec.get("serve") or []],
-                        spec["folder"], None, host_ports=host_ports, label=spec.get("label") or "program",
-                        serve_host=spec.get("serve_host") or "127.0.0.1")
+    # A stop asked for while the bridge is being set up is kept for after it (the default action would leave its
+    # sockets' folder behind).
     stopping = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stopping.set())
     signal.signal(signal.SIGINT, lambda *_: stopping.set())
-    confined.start()
+    confined = Confined(command, [tuple(r) for r in spec.get("reach") or []], [int(p) for p in spec.get("serve") or []],
+                        spec["folder"], None, host_ports=host_ports, label=spec.get("label") or "program",
+                        serve_host=spec.get("serve_host") or "127.0.0.1")
     try:
-        while not stopping.is_set() and confined.proc.poll() is None:
-            stopping.wait(0.5)
+        if not stopping.is_set():
+            confined.start()
+            while not stopping.is_set() and confined.proc.poll() is None:
+                stopping.wait(0.5)
     finally:
         confined.stop()
     return 0 if stopping.is_set() else (confined.proc.returncode or 1)
