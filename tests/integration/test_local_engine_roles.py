@@ -376,19 +376,22 @@ elif sys.argv[1:3] == ["pip", "install"]:
 
 def _installers(marker):
     ps = subprocess.run(["ps", "-eww", "-o", "pid,args"], capture_output=True, text=True, check=True).stdout
-    return [line for line in ps.splitlines() if marker in line and "pip install" in line]
+    return [line for line in ps.splitlines() if marker in line and "pip install" in line and "decoy" not in line]
 
 
 def test_a_failed_install_stops_the_install_it_left_running(tmp_path):
     """The install runs as an async job. Where its task fails while the job runs (here: HOME set to another folder and
     no ANSIBLE_ASYNC_DIR, so async_status looks in the account's home, "could not find job", as `make site` once did),
-    the play fails with one sentence and the install it started is stopped, not left running."""
+    the play fails with one sentence and the install it started is stopped, not left running: by the pid and process
+    group it recorded, so a process that merely looks like an install into the same venv (the decoy) is left alone."""
     home = tmp_path / "home"
     home.mkdir()
     uv = tmp_path / "fake-uv"
     uv.write_text(FAKE_UV % sys.executable)
     uv.chmod(0o755)
     state = tmp_path / "state"
+    decoy = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)", "decoy", "pip", "install", "vllm", "--python",
+                              str(state / "venv" / "bin" / "python")])
     env = {k: v for k, v in ENV.items() if k != "ANSIBLE_ASYNC_DIR"}
     env.update(HOME=str(home), ANSIBLE_LOCAL_TEMP=str(tmp_path / "tmp"), ANSIBLE_CALLBACK_RESULT_FORMAT="yaml",
                ANSIBLE_COLLECTIONS_PATH=os.path.join(ROOT, ".cache", "collections"))
@@ -407,9 +410,13 @@ def test_a_failed_install_stops_the_install_it_left_running(tmp_path):
         assert "Installing vLLM into %s" % state in output and "could not find job" in output, output[-3000:]
         assert "the install left running was stopped: 1 process(es)" in output, output[-3000:]
         assert not _installers(str(state)), "the stand-in install is still running"
+        assert decoy.poll() is None, "a process that only looks like the install was stopped too (a pattern, not the pid)"
+        assert not (state / "install.pid").exists() and not (state / "install.run").exists(), "the stopped install's records are left"
     finally:
         for line in _installers(str(state)):
             os.kill(int(line.split()[0]), 9)
+        decoy.kill()
+        decoy.wait()
 
 
 # -- the verify role's report with HOME set elsewhere (issue 38 point 3) ------------------------------------------------
