@@ -33,6 +33,6 @@ def engine_installed():
         skip_or_fail("No engine installation at %s (run `make site`): the real-engine tests need it." % ENGINE_PYTHON)
 
 
-def playbook(*args):
+def playbook(*args, timeout=900, env=None):
     cmd = [PLAYBOOK if os.path.exists(PLAYBOOK) else "ansible-playbook"] + list(args)
-    return subprocess.run(cmd, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=900, check=False)
+    return subprocess.run(cmd, cwd=ROOT, env=env or ENV, capture_output=True, text=True, timeout=timeout, check=False)

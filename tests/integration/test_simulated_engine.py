@@ -12,7 +12,9 @@
 * two confined engines started through playbooks/simulated_engines.yml: published in local_engine_instances in the
   local_engine role's shape, listening on their own loopback address only, a second run changes nothing, their KV events
   reach a subscriber that binds their endpoint (kv_events_check), and state absent leaves no process, folder or file in
-  the temporary folder. Skipped with its reason where the simulator is not built (``make go-build`` builds it).
+  the temporary folder. The simulator comes through playbooks/go_build.yml (inference_cache.substrate.go_build): built once,
+  and where another run is building it (make test's other lanes, the molecule scenario kwok_fleet), waited on under its
+  lock rather than looked for.
 """
 
 from __future__ import absolute_import, division, print_function
@@ -45,6 +47,21 @@ FLAGS = {"port", "model", "force-dummy-tokenizer", "max-model-len", "max-num-seq
          "kv-cache-size", "block-size", "hash-seed", "zmq-endpoint", "event-batch-size", "use-vllm-map-event-format",
          "latency-calculator", "prefill-overhead", "prefill-time-per-token", "inter-token-latency", "time-factor-under-load",
          "seed", "failure-injection-rate", "failure-types", "enable-sleep-mode", "v"}
+
+
+_BUILT = {}
+
+
+def simulator():
+    """The simulator's binary, through go_build (a no-op where it is built; otherwise built once, or waited on)."""
+    if "path" not in _BUILT:
+        run = subprocess.run([os.path.join(BIN, "ansible-playbook"), os.path.join(ROOT, "playbooks", "go_build.yml"), "-e",
+                              json.dumps({"kwok_cluster_builds": ["llm-d-inference-sim"]})], cwd=ROOT, env=ENV, capture_output=True,
+                             text=True, timeout=3600, check=False)
+        assert run.returncode == 0, run.stdout[-3000:]
+        _BUILT["path"] = BINARY
+    assert os.access(_BUILT["path"], os.X_OK), _BUILT["path"]
+    return _BUILT["path"]
 
 
 def _load(*parts):
@@ -118,10 +135,9 @@ def test_the_launcher_passes_flags_the_pinned_simulator_has(tmp_path):
     assert "--zmq-endpoint ipc://" in text and "/events/sim-1.sock" in text and '"serve_host": "127.0.1.2"' in text
     unconfined = _render(tmp_path, simulated_engine_confine=False)
     assert "--port 9101" in unconfined and "--zmq-endpoint tcp://127.0.0.1:6101" in unconfined and "confine" not in unconfined
-    if os.access(BINARY, os.X_OK):
-        helptext = subprocess.run([BINARY, "--help"], capture_output=True, text=True, timeout=60, check=False)
-        listed = set(re.findall(r"--([a-z][a-z-]*)", helptext.stdout + helptext.stderr))
-        assert passed <= listed, passed - listed
+    helptext = subprocess.run([simulator(), "--help"], capture_output=True, text=True, timeout=60, check=False)
+    listed = set(re.findall(r"--([a-z][a-z-]*)", helptext.stdout + helptext.stderr))
+    assert passed <= listed, passed - listed
 
 
 def _get(url, timeout=5):
@@ -136,9 +152,7 @@ def _post(url, body, timeout=10):
 
 
 def test_a_confined_fleet_runs_publishes_and_stops_without_leftovers(tmp_path, request):
-    if not os.access(BINARY, os.X_OK):
-        pytest.skip("llm-d-inference-sim %s is not built (make go-build builds it; the role builds it on first use, about 3 "
-                    "minutes)." % VERSION)
+    simulator()
     state = tmp_path / "sim"
     report = tmp_path / "engines.json"
     fleet = {"simulated_engine_state_dir": str(state), "simulated_engine_name": "t", "simulated_engine_count": 2,
