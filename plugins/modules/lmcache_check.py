@@ -23,9 +23,17 @@ description:
     prompt's full chunks of the server's chunk size, short of the last token, which vLLM computes itself); the LMCache
     server's own C(lmcache_mp_lookup_hit_tokens_total) found at least as many; the restored completion's text equals the
     cold one and its log-probabilities are within O(logprob_tolerance)."
-  - "Fails with one sentence naming the cause where the facts show it: no KV connector; vLLM's in-process
-    C(LMCacheConnectorV1), which on a CPU engine falls back to recompute; the LMCache server unreachable or stopped; a
-    chunk size or hash algorithm other than the expected one; chunks stored and never found again."
+  - "Fails with one sentence naming the cause where the facts show it, one sentence per cause: no KV connector at all
+    (the cold request moved no C(vllm:external_prefix_cache_queries_total), which vLLM counts only through a connector);
+    vLLM's in-process C(LMCacheConnectorV1), which on a CPU engine falls back to recompute (named by the engine's
+    C(/server_info), a development endpoint, or by LMCache's C(lmcache:*) metrics); another connector than LMCache's;
+    a chunk size or hash algorithm other than the expected one; chunks stored and never found again."
+  - "Names a degraded tier while it lasts, in one sentence beginning C(The LMCache tier is degraded): the multiprocess
+    connector with its LMCache server away (not answering: stopped, paused or overloaded), or a server that answers with no
+    engine registered with it (started again under a running engine, before the connector's next heartbeat re-registers
+    it, within 10 s with LMCache 0.5.6). vLLM recomputes every prompt meanwhile; RV(degraded) is then true."
+  - "Reports the engines registered with the LMCache server and the model names their chunks are keyed by
+    (RV(lmcache_model_names), from the server's C(/status))."
   - With O(kv_events), also listens to the engine's KV events during the check and reports, per medium, what they
     announced (C(GPU), the engine's own cache; C(CPU), LMCache's host tier) and what an index built from them (the llm-d
     router's semantics) predicted for the restored prompt; C(invisible_tokens) of RV(events) is the reuse a precise
@@ -52,7 +60,9 @@ options:
     description:
       - Base URL of the LMCache server's HTTP API (C(lmcache server --http-port)), which serves C(/config) and C(/metrics).
       - Without it the check relies on the engine's counters alone (no chunk size read from the server, no server-side
-        lookup count). The options O(validate_certs) to O(max_body_bytes) apply to it too; O(api_key) does not.
+        lookup count, no degraded tier named). The options O(validate_certs) to O(max_body_bytes) apply to it too;
+        O(api_key) does not.
+      - Each request to it waits at most 10 s (or O(timeout) where lower), so a paused server is named, not waited for.
     type: str
   prefix_tokens:
     description: Length of the prompt in tokens (several LMCache chunks); between 2 and 131072.
@@ -174,10 +184,36 @@ model:
 connector:
   description:
     - The engine's KV connector as its metrics show it; V(multiprocess) (C(vllm:lmcache_mp_*)), V(in-process)
-      (C(lmcache:*)) or V(unknown).
+      (C(lmcache:*), or C(LMCacheConnectorV1) named by its C(/server_info)), V(none) (no connector: the cold request
+      moved no external query counter) or V(unknown).
   returned: success
   type: str
   sample: multiprocess
+kv_connector:
+  description: The engine's connector as its C(/server_info) names it, where the check asked (a failure without an LMCache hit).
+  returned: when the engine said
+  type: str
+  sample: LMCacheConnectorV1
+degraded:
+  description: True when the check failed on a degraded tier (see the description).
+  returned: when the tier is degraded
+  type: bool
+  sample: true
+lmcache_registered:
+  description: Instance ids of the engines registered with the LMCache server (its C(/status)); empty while the tier is degraded.
+  returned: when the server reports them
+  type: list
+  elements: raw
+  sample: [1234567]
+lmcache_model_names:
+  description:
+    - The model names the registered engines keyed their chunks by (LMCache's C(ObjectKey.model_name), what vLLM was given as
+      C(--model)). The role C(inference_cache.substrate.local_engine) gives vLLM a model path carrying a fingerprint of the
+      weights, so chunks computed with other weights are never served.
+  returned: when the server reports them
+  type: list
+  elements: str
+  sample: [/home/user/.cache/inference_cache/local_engine/run/default/weights/3f2a9c0e1b7d4e21]
 lmcache_server:
   description: What the LMCache server's C(/config) says (C(chunk_size), C(hash_algorithm), C(kv_event_log_size)).
   returned: when the server answered
@@ -280,6 +316,9 @@ from ansible_collections.inference_cache.substrate.plugins.module_utils.kv.event
 from ansible_collections.inference_cache.substrate.plugins.module_utils.lmcache.check import LMCacheProbe
 from ansible_collections.inference_cache.substrate.plugins.module_utils.lmcache.tiers import TierWatch
 
+# Seconds each request to the LMCache server may take: its pages answer at once, so a server that does not (paused,
+# SIGSTOP) is named as a degraded tier instead of being waited for as long as the engine's requests are.
+LMCACHE_TIMEOUT = 10.0
 KV_EVENTS_SPEC = {
     "endpoint": {"type": "str", "required": True, "shape": ENDPOINT_SHAPE},
     "socket_mode": {"type": "str", "default": "connect", "choices": ["connect", "bind"]},
@@ -319,7 +358,7 @@ def _check(params, module):
     if params["lmcache_url"]:
         server_options = dict(options)
         server_options["api_key"] = None   # the engine's token, not the LMCache server's
-        lmcache = OpenAIClient(params["lmcache_url"].rstrip("/"), timeout=params["timeout"], **server_options)
+        lmcache = OpenAIClient(params["lmcache_url"].rstrip("/"), timeout=min(params["timeout"], LMCACHE_TIMEOUT), **server_options)
     watch = None
     events = params["kv_events"]
     if events:

@@ -23,10 +23,23 @@
    LMCache tier gives (the prompt's full chunks: only full chunks are stored, and vLLM computes the last prompt token
    itself), the engine's own cache hit nothing, and the text and the log-probabilities equal the cold ones.
 
-When it fails, one sentence names the cause where the facts show it: no connector (no external counters), vLLM's
-in-process LMCacheConnectorV1 (no LMCache server, no ``vllm:lmcache_mp_*`` metrics: on a CPU engine LMCache 0.5.6
-falls back to recompute), the LMCache server unreachable or stopped, a chunk size or hash algorithm other than the one
-expected, chunks stored but never found again.
+When it fails, one sentence names the cause where the facts show it, one cause per sentence:
+
+* no KV connector at all: vLLM exports the external counters whether or not a connector is configured
+  (vllm/v1/metrics/loggers.py at 0.32.0), but counts external queries only through one (vllm/v1/core/sched/scheduler.py:
+  ``connector_prefix_cache_stats`` exists only with a ``kv_transfer_config``), so the cold request's queries not moving
+  the counter says there is none;
+* vLLM's in-process ``LMCacheConnectorV1`` (named by the engine's ``/server_info``, a development endpoint, or by
+  LMCache's ``lmcache:*`` metrics on its page), which on a CPU engine falls back to recompute in LMCache 0.5.6;
+* another connector than LMCache's;
+* the tier degraded: the multiprocess connector with its LMCache server away (not answering: stopped, paused,
+  overloaded), or answering with no engine registered (a server started again under a running engine, before the
+  connector's next heartbeat re-registers: lmcache@0.5.6 integration/vllm/vllm_multi_process_adapter.py
+  ``HeartbeatThread`` and ``_reregister_kv_caches_callback``). While it lasts vLLM recomputes every prompt;
+* a chunk size or hash algorithm other than the one expected, chunks stored but never found again.
+
+The LMCache server's ``/status`` names the engines registered with it and the model name each registered with, which
+keys its chunks (lmcache@0.5.6 ``ObjectKey.model_name``): reported as ``lmcache_model_names``.
 
 With a ``tiers.TierWatch`` it also reports what the engine's KV events announced of each tier and what an index built
 from them predicted for the restored prompt: the reuse a precise router could not see.
@@ -60,6 +73,15 @@ L1_WRITE_CHUNKS = "lmcache_mp_l1_write_chunks_total"
 LOOKUP_HIT_TOKENS = "lmcache_mp_lookup_hit_tokens_total"
 LOOKUP_REQUESTED_TOKENS = "lmcache_mp_lookup_requested_tokens_total"
 TOKENS_PER_WORD_GUESS = 1.2
+# What the LMCache server's /status lists of the engines registered with it: engine-driven transfer (a CPU engine) and
+# LMCache-driven transfer (CUDA), each with per-instance metadata holding the model name its chunks are keyed by
+# (lmcache@0.5.6 v1/multiprocess/modules/engine_driven_transfer.py and lmcache_driven_transfer.py report_status).
+REGISTERED_KEYS = (("registered_non_cuda_instance_ids", "non_cuda_context_meta"), ("registered_gpu_ids", "cache_context_meta"))
+# vLLM's connector names (vllm/distributed/kv_transfer/kv_connector/factory.py at 0.32.0).
+MP_CONNECTOR = "LMCacheMPConnector"
+IN_PROCESS_CONNECTORS = ("LMCacheConnectorV1", "LMCacheConnectorV1Dynamic")
+# How often LMCacheMPConnector pings its server and re-registers with one that came back (lmcache.mp.heartbeat_interval).
+HEARTBEAT_SECONDS = 10
 _CACHE_INFO = re.compile(r"^vllm:cache_config_info\{([^}]*)\}", re.M)
 _LABEL = re.compile(r'(\w+)="([^"]*)"')
 
@@ -104,6 +126,23 @@ def connector_kind(text):
     if re.search(r"^%s" % re.escape(IN_PROCESS_PREFIX), text, re.M):
         return "in-process"
     return "unknown"
+
+
+def registered_instances(status):
+    """``(instance ids, model names)`` of the engines registered with an LMCache server, from its ``/status``; None when
+    the page lists neither kind of registration (a server that does not report them)."""
+    if not isinstance(status, dict) or not any(ids in status for ids, _meta in REGISTERED_KEYS):
+        return None
+    instances, names = [], []
+    for ids, meta in REGISTERED_KEYS:
+        listed = status.get(ids)
+        instances += [i for i in listed if isinstance(i, (int, str))] if isinstance(listed, list) else []
+        details = status.get(meta)
+        for entry in (details.values() if isinstance(details, dict) else []):
+            name = entry.get("model_name") if isinstance(entry, dict) else None
+            if isinstance(name, str) and name not in names:
+                names.append(name)
+    return instances, names
 
 
 def max_logprob_difference(first, second):
@@ -190,6 +229,40 @@ class LMCacheProbe:
                   "kv_event_log_size": mp.get("kv_event_log_size")}
         self.facts["lmcache_server"] = server
         return server
+
+    def read_lmcache_registrations(self):
+        """The engines registered with the server (``/status``): their instance ids, or None where it does not say; the
+        model names their chunks are keyed by go to ``lmcache_model_names``."""
+        if self.lmcache is None or not self.facts.get("lmcache_reachable"):
+            return None
+        try:
+            found = registered_instances(self.lmcache.get_json("/status"))
+        except OpenAIHTTPError:
+            return None
+        if found is None:
+            return None
+        self.facts["lmcache_registered"], self.facts["lmcache_model_names"] = found
+        return found[0]
+
+    def degraded(self, why):
+        """The multiprocess connector's tier is degraded: fail with one sentence saying why and what happens meanwhile."""
+        self.facts["degraded"] = True
+        self.fail("The LMCache tier is degraded: %s, so the engine's LMCacheMPConnector neither stores nor retrieves and vLLM "
+                  "recomputes every prompt until it is over." % why)
+
+    def engine_connector(self):
+        """The engine's KV connector by name from its ``/server_info`` (vLLM's development endpoints): the name, "" for
+        none, None where the engine does not say."""
+        try:
+            info = self.client.get_json("/server_info?config_format=json")
+        except OpenAIHTTPError:
+            return None
+        config = info.get("vllm_config") if isinstance(info, dict) else None
+        if not isinstance(config, dict) or "kv_transfer_config" not in config:
+            return None
+        transfer = config.get("kv_transfer_config")
+        name = transfer.get("kv_connector") if isinstance(transfer, dict) else None
+        return name if isinstance(name, str) else ""
 
     def resolve_model(self):
         if self.model:
@@ -309,10 +382,17 @@ class LMCacheProbe:
         if EXTERNAL_HITS not in m0["samples"] or EXTERNAL_QUERIES not in m0["samples"]:
             self.fail("The engine exposes no %s counter: no KV connector is configured (start vLLM with --kv-transfer-config "
                       "naming LMCacheMPConnector and the LMCache server's port)." % EXTERNAL_HITS)
-        if connector == "multiprocess" and self.lmcache is not None and server is None:
-            self.fail("The LMCache server at %s is unreachable (%s), so the engine's LMCacheMPConnector can neither store nor "
-                      "retrieve: is the server running (stopped?) and is the connector pointed at it?"
-                      % (self.lmcache.base_url, self.facts.get("lmcache_error", "no answer").rstrip(".")))
+        if connector == "multiprocess" and self.lmcache is not None:
+            if server is None:
+                self.degraded("the LMCache server at %s does not answer (%s: stopped, paused or overloaded; make site starts a "
+                              "stopped one, which the connector finds again within its %d s heartbeat)"
+                              % (self.lmcache.base_url, self.facts.get("lmcache_error", "no answer").rstrip("."), HEARTBEAT_SECONDS))
+            if self.read_lmcache_registrations() == []:
+                self.degraded("the LMCache server at %s answers but no engine is registered with it (a server started again "
+                              "under the running engine, which its connector re-registers with on its next heartbeat, within "
+                              "%d s; if it lasts, the connector points at another server)" % (self.lmcache.base_url, HEARTBEAT_SECONDS))
+        elif server is not None:
+            self.read_lmcache_registrations()
         chunk_size = self.check_server(server)
         self.learn_engine()
         nonce = self.nonce
@@ -351,6 +431,11 @@ class LMCacheProbe:
         l0 = self.lmcache_metrics()
         cold = self.complete(prompt, "cold")
         m1 = self.after(m0, cold["prompt_tokens"])
+        if cold["prompt_tokens"] and _delta(m0, m1, EXTERNAL_QUERIES) == 0 and _delta(m0, m1, DEVICE_QUERIES) > 0:
+            self.facts["connector"] = "none"
+            self.fail("The engine has no KV connector: %s did not move over the cold request's %d prompt tokens (vLLM counts "
+                      "them only through a connector); start vLLM with --kv-transfer-config naming %s and the LMCache "
+                      "server's port." % (EXTERNAL_QUERIES, cold["prompt_tokens"], MP_CONNECTOR))
         expected_chunks = full_chunks(len(token_ids), chunk_size) // chunk_size if chunk_size else 0
         l1 = self.wait_stored(l0, expected_chunks) if self.facts.get("lmcache_reachable") else l0
         stored_chunks = _delta(l0, l1, L1_WRITE_CHUNKS) if self.facts.get("lmcache_reachable") else None
@@ -450,14 +535,31 @@ class LMCacheProbe:
         if f["device_hit_tokens"] and f["device_hit_tokens"] >= (f["expected_hit_tokens"] or 1):
             return base + ", because the engine's own prefix cache still held it (%d tokens): the %s did not make it miss." % (
                 f["device_hit_tokens"], "reset" if f["miss_method"] == "reset" else "flood of %d prompts" % f["flood_prompts"])
-        if f["connector"] == "in-process" or (f["connector"] == "unknown" and not f.get("lmcache_reachable")):
-            which = ("vLLM runs LMCache's in-process connector (LMCacheConnectorV1: lmcache:* metrics on its page, no "
-                     "vllm:lmcache_mp_* ones)" if f["connector"] == "in-process" else
-                     "the engine's connector is not LMCache's multiprocess one (no vllm:lmcache_mp_* metrics) and no LMCache "
-                     "server answers%s" % ((" at %s" % self.lmcache.base_url) if self.lmcache is not None else ""))
-            return (base + ": %s, which on a CPU engine falls back to recompute (LMCache 0.5.6 has no CPU connector, "
-                    "lmcache/v1/gpu_connector/__init__.py); run LMCache in multiprocess mode (an lmcache server and "
-                    "LMCacheMPConnector)." % which)
+        if f["connector"] != "multiprocess":
+            named = self.engine_connector()
+            if named is not None:
+                f["kv_connector"] = named
+            if named in IN_PROCESS_CONNECTORS or (named is None and f["connector"] == "in-process"):
+                f["connector"] = "in-process"
+                how = "its /server_info" if named else "lmcache:* metrics on its page, no vllm:lmcache_mp_* ones"
+                return (base + ": vLLM runs LMCache's in-process connector (%s, by %s), which on a CPU engine falls back to "
+                        "recompute (LMCache 0.5.6 has no CPU connector, lmcache/v1/gpu_connector/__init__.py); run LMCache in "
+                        "multiprocess mode (an lmcache server and %s)." % (named or IN_PROCESS_CONNECTORS[0], how, MP_CONNECTOR))
+            if named and named != MP_CONNECTOR:
+                return base + (": the engine's KV connector is %s (its /server_info), not LMCache's; start vLLM with "
+                               "--kv-transfer-config naming %s and the LMCache server's port." % (named, MP_CONNECTOR))
+            if not f.get("lmcache_reachable"):
+                return base + (": the engine's connector is not LMCache's multiprocess one (no vllm:lmcache_mp_* metrics) and no "
+                               "LMCache server answers%s; run LMCache in multiprocess mode (an lmcache server and %s) and name "
+                               "its HTTP API (lmcache_url)." % ((" at %s" % self.lmcache.base_url) if self.lmcache is not None else "",
+                                                                MP_CONNECTOR))
+        if f["connector"] == "multiprocess" and self.lmcache is not None and f.get("stored_tokens") == 0:
+            if self.read_lmcache_registrations() == []:
+                f["degraded"] = True
+                return ("The LMCache tier is degraded: the restored request got no token from LMCache and the server at %s stored "
+                        "none of the cold request, with no engine registered with it (a server started again under the running "
+                        "engine, re-registered on the connector's next heartbeat, within %d s), so vLLM recomputes every prompt "
+                        "until it is over." % (self.lmcache.base_url, HEARTBEAT_SECONDS))
         if f.get("stored_tokens") == 0:
             return base + ": the LMCache server stored no chunk of the cold request (is the connector pointed at %s?)." % (
                 self.lmcache.base_url if self.lmcache is not None else "the server")

@@ -7,10 +7,14 @@
 
 ``FakeStack`` keeps one state behind both: the engine's own prefix cache (prompts it holds, at most ``capacity``), the
 prompts LMCache stored (in full chunks), the counters vLLM and the LMCache server expose, and switches for what can go
-wrong: ``connector`` (``multiprocess``, ``in-process`` or None: which metrics the engine's page shows and whether the
-tier works), ``reset_clears``, ``lookup_works`` (chunks stored but never found again, as after a
+wrong: ``connector`` (``multiprocess``, ``in-process``, ``other``, a connector that is neither and shows no metric of
+its own, or None, no connector at all, whose engine counts no external query: which metrics the engine's page shows and
+whether the tier works), ``reset_clears``, ``lookup_works`` (chunks stored but never found again, as after a
 hash mismatch), ``short_chunks`` (the restored request gets that many chunks less), ``restored_text`` and
-``logprob_drift`` (what the restored completion says). Tokens: one per word, plus the start-of-text token.
+``logprob_drift`` (what the restored completion says), ``registered`` (the engine registered with the LMCache server, as
+its ``/status`` lists it; False: a server started again that the connector has not found yet, whose tier is degraded),
+``kv_connector`` (what the engine's ``/server_info`` names; None: no such page, as without VLLM_SERVER_DEV_MODE).
+Tokens: one per word, plus the start-of-text token.
 """
 
 from __future__ import absolute_import, division, print_function
@@ -38,6 +42,9 @@ class FakeStack:
         self.logprob_drift = 0.0
         self.external_counters = True
         self.lmcache_running = True
+        self.registered = True
+        self.kv_connector = None
+        self.model_name = "/m"
         self.device = []      # prompts the engine's own cache holds, oldest first
         self.stored = {}      # prompt -> tokens LMCache holds
         self.counters = {"ext_hits": 0, "ext_queries": 0, "dev_hits": 0, "dev_queries": 0, "writes": 0, "lookup_hits": 0,
@@ -51,6 +58,7 @@ class FakeStack:
             "/tokenize": (200, "application/json", self.tokenize),
             "/v1/completions": (200, "text/event-stream", self.complete),
             "/reset_prefix_cache": (200, "application/json", self.reset),
+            "/server_info": (200, "application/json", self.server_info),
         })
         self.lmcache.routes.update({
             "/config": (200, "application/json", lambda body: json.dumps({"mp": {
@@ -58,6 +66,7 @@ class FakeStack:
                 "kv_event_log_size": self.kv_event_log_size}}).encode()),
             "/metrics": (200, "text/plain", lambda body: self.lmcache_page().encode()),
             "/healthcheck": (200, "application/json", b'{"status": "healthy"}'),
+            "/status": (200, "application/json", self.status),
         })
 
     def start(self):
@@ -78,6 +87,12 @@ class FakeStack:
         return [1] + [2 + (sum(bytearray(word.encode())) % 1000) for word in prompt.split()]
 
     # -- the engine -------------------------------------------------------------------------
+    def server_info(self, body):  # pylint: disable=unused-argument
+        if self.kv_connector is None:
+            return b'{"detail": "Not Found"}'   # the route answers 404 (no_server_info), or a page without the config
+        transfer = {"kv_connector": self.kv_connector, "kv_role": "kv_both"} if self.kv_connector else None
+        return json.dumps({"vllm_config": {"kv_transfer_config": transfer}, "vllm_env": {}}).encode()
+
     def engine_page(self):
         c = self.counters
         lines = ["# TYPE vllm:prefix_cache_hits counter", 'vllm:prefix_cache_hits_total{model_name="tiny"} %d' % c["dev_hits"],
@@ -106,7 +121,7 @@ class FakeStack:
         last = ((count - 1) // self.block_size) * self.block_size
         device = last if prompt in self.device else 0
         external = 0
-        works = self.connector == "multiprocess" and self.lmcache_up()
+        works = self.connector == "multiprocess" and self.lmcache_up() and self.registered
         if not device and works and prompt in self.stored:
             full = min(self.stored[prompt], ((count - 1) // self.chunk_size) * self.chunk_size)
             c["lookup_requested"] += (count // self.chunk_size) * self.chunk_size
@@ -116,7 +131,7 @@ class FakeStack:
         c["dev_hits"] += device
         c["dev_queries"] += count
         c["ext_hits"] += external
-        c["ext_queries"] += count - device
+        c["ext_queries"] += (count - device) if self.connector else 0   # vLLM counts them only through a connector
         if prompt not in self.device:
             self.device.append(prompt)
             del self.device[:-self.capacity]
@@ -153,6 +168,12 @@ class FakeStack:
                 "# TYPE lmcache_mp_lookup_requested_tokens counter\n"
                 'lmcache_mp_lookup_requested_tokens_total{cache_salt="",model_name="/m"} %d\n'
                 % (c["writes"], c["lookup_hits"], c["lookup_requested"]))
+
+    def status(self, body):  # pylint: disable=unused-argument
+        ids = [7] if self.registered else []
+        meta = {"7": {"model_name": self.model_name, "world_size": 1, "block_size": self.block_size}} if self.registered else {}
+        return json.dumps({"is_healthy": True, "chunk_size": self.chunk_size, "registered_non_cuda_instance_ids": ids,
+                           "non_cuda_context_meta": meta}).encode()
 
     def stop_lmcache(self):
         """The server is gone (connections refused) and the connector's tier with it."""

@@ -9,6 +9,8 @@ from __future__ import absolute_import, division, print_function
 
 __metaclass__ = type  # pylint: disable=invalid-name
 
+import time
+
 import pytest
 
 from ansible_collections.inference_cache.substrate.plugins.module_utils.http.openai import OpenAIClient
@@ -60,9 +62,9 @@ def stack():
     fake.stop()
 
 
-def probe(stack, lmcache=True, **kwargs):
+def probe(stack, lmcache=True, lmcache_timeout=10, **kwargs):
     client = OpenAIClient(stack.engine.url, timeout=10)
-    server = OpenAIClient(stack.lmcache.url if lmcache is True else lmcache, timeout=10) if lmcache else None
+    server = OpenAIClient(stack.lmcache.url if lmcache is True else lmcache, timeout=lmcache_timeout) if lmcache else None
     kwargs.setdefault("settle", 0.3)
     kwargs.setdefault("prefix_tokens", 300)
     return lc.LMCacheProbe(client, server, stack.engine.url + "/metrics", model="tiny", **kwargs)
@@ -84,6 +86,8 @@ def test_a_working_tier_gives_the_prompt_back(stack):
     assert result["device_hit_tokens"] == 0 and result["hit_tokens"] == expected
     assert result["same_text"] is True and result["logprob_max_difference"] == 0.0 and result["compared_tokens"] == 2
     assert result["lmcache_server"] == {"chunk_size": 64, "hash_algorithm": "blake3", "kv_event_log_size": 0}
+    # The engine registered with the server, and the model name that keys its chunks there.
+    assert result["lmcache_registered"] == [7] and result["lmcache_model_names"] == ["/m"] and "degraded" not in result
     assert "events" not in result and result["warnings"] == []
     # The cold request missed everything; the restored one came from LMCache, not from the engine's own cache.
     assert [(c["device"], c["external"]) for c in stack.completions] == [(0, 0), (0, expected)]
@@ -108,12 +112,67 @@ def test_miss_reset_without_the_endpoint_is_named(stack):
     assert "does not serve POST /reset_prefix_cache" in message and "VLLM_SERVER_DEV_MODE=1" in message
 
 
-def test_a_stopped_lmcache_server_is_named_before_any_request(stack):
+def test_a_stopped_lmcache_server_is_a_degraded_tier_named_before_any_request(stack):
     stack.stop_lmcache()
     message, facts = failure(stack)
-    assert message.startswith("The LMCache server at %s is unreachable" % stack.lmcache.url)
-    assert "Connection refused" in message and "stopped?" in message
-    assert facts["connector"] == "multiprocess" and stack.completions == []
+    assert message.startswith("The LMCache tier is degraded: the LMCache server at %s does not answer (Cannot reach %s/config: "
+                              % (stack.lmcache.url, stack.lmcache.url))
+    assert "Connection refused: stopped, paused or overloaded; make site starts a stopped one" in message
+    assert message.endswith("neither stores nor retrieves and vLLM recomputes every prompt until it is over.")
+    assert facts["connector"] == "multiprocess" and facts["degraded"] is True and stack.completions == []
+
+
+def test_a_paused_lmcache_server_is_a_degraded_tier(stack):
+    """SIGSTOP: the server's socket accepts, nothing answers; the check says so within its own bound, not the engine's."""
+    stack.lmcache.routes["/config"] = (200, "application/json", lambda body: time.sleep(2) or b"{}")
+    message, facts = failure(stack, lmcache_timeout=0.5)
+    assert message.startswith("The LMCache tier is degraded: the LMCache server at %s does not answer (" % stack.lmcache.url)
+    assert "timed out" in message and facts["degraded"] is True and stack.completions == []
+
+
+def test_a_server_with_no_engine_registered_is_a_degraded_tier(stack):
+    """A server started again under a running engine answers, but the connector has not re-registered yet."""
+    stack.registered = False
+    message, facts = failure(stack)
+    assert message.startswith("The LMCache tier is degraded: the LMCache server at %s answers but no engine is registered with "
+                              "it (a server started again under the running engine, which its connector re-registers with on "
+                              "its next heartbeat, within 10 s" % stack.lmcache.url)
+    assert facts["degraded"] is True and facts["lmcache_registered"] == [] and stack.completions == []
+
+
+def test_no_kv_connector_at_all_is_named(stack):
+    """vLLM exports the external counters without a connector too; only a connector makes the queries move."""
+    stack.connector = None
+    message, facts = failure(stack)
+    assert message == ("The engine has no KV connector: vllm:external_prefix_cache_queries_total did not move over the cold "
+                       "request's %d prompt tokens (vLLM counts them only through a connector); start vLLM with "
+                       "--kv-transfer-config naming LMCacheMPConnector and the LMCache server's port." % facts["prompt_tokens"])
+    assert facts["connector"] == "none" and len(stack.completions) == 1
+
+
+def test_the_in_process_connector_named_by_server_info_is_told_apart_from_none(stack):
+    """The issue's two causes: in-process LMCacheConnectorV1 (no metrics of its own on the page) and no connector at all."""
+    stack.connector = "other"
+    stack.kv_connector = "LMCacheConnectorV1"
+    stack.stop_lmcache()
+    in_process, facts = failure(stack)
+    assert "vLLM runs LMCache's in-process connector (LMCacheConnectorV1, by its /server_info), which on a CPU engine falls " \
+           "back to recompute" in in_process
+    assert facts["connector"] == "in-process" and facts["kv_connector"] == "LMCacheConnectorV1"
+    none = FakeStack(connector=None).start()
+    try:
+        no_connector, dummy = failure(none)
+    finally:
+        none.stop()
+    assert no_connector.startswith("The engine has no KV connector") and in_process != no_connector
+
+
+def test_another_connector_is_named(stack):
+    stack.connector = "other"
+    stack.kv_connector = "NixlConnector"
+    message, facts = failure(stack)
+    assert "the engine's KV connector is NixlConnector (its /server_info), not LMCache's" in message
+    assert facts["kv_connector"] == "NixlConnector"
 
 
 def test_the_in_process_connector_falling_back_to_recompute_is_named(stack):
@@ -132,7 +191,7 @@ def test_an_engine_without_external_counters_has_no_connector(stack):
 
 
 def test_an_unknown_connector_without_a_server(stack):
-    stack.connector = None
+    stack.connector = "other"
     message, dummy = failure(stack, lmcache="http://127.0.0.1:%d" % free_port())
     assert "the engine's connector is not LMCache's multiprocess one" in message and "no LMCache server answers" in message
 

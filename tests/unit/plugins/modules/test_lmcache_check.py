@@ -52,8 +52,8 @@ def test_a_stopped_server_fails_with_one_sentence_and_the_facts(stack):
     exited, result = run_module(module, args(stack))
     assert not exited and result["changed"] is False and result["failed"] is True
     assert_one_sentence(result["msg"])
-    assert result["msg"].startswith("The LMCache server at %s is unreachable" % stack.lmcache.url)
-    assert result["connector"] == "multiprocess" and result["lmcache_url"] == stack.lmcache.url
+    assert result["msg"].startswith("The LMCache tier is degraded: the LMCache server at %s does not answer" % stack.lmcache.url)
+    assert result["connector"] == "multiprocess" and result["lmcache_url"] == stack.lmcache.url and result["degraded"] is True
 
 
 def test_the_engine_is_unreachable():
