@@ -213,7 +213,7 @@ lmcache_model_names:
   returned: when the server reports them
   type: list
   elements: str
-  sample: [/home/user/.cache/inference_cache/local_engine/run/default/weights/3f2a9c0e1b7d4e21]
+  sample: [/home/user/.cache/inference_cache/local_engine/run/default/weights-3f2a9c0e1b7d4e21]
 lmcache_server:
   description: What the LMCache server's C(/config) says (C(chunk_size), C(hash_algorithm), C(kv_event_log_size)).
   returned: when the server answered

@@ -21,6 +21,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 import yaml
@@ -446,3 +447,37 @@ def test_the_report_is_read_where_it_is_written_whatever_home_is(tmp_path):
     assert json.loads((reports / "report.json").read_text())["outcome"]["prefix_cache"]["engine"] == "vllm"
     assert (reports / "summary.txt").exists()
     assert " changed=0 " not in recaps[0] and " changed=0 " in recaps[1], recaps
+
+
+# -- the model under a name carrying its weights' fingerprint (issue 42) ---------------------------------------------------
+def _weights_play(model, state):
+    """local_engine's weights.yml for a model folder; writes the name vLLM would be given and its target."""
+    return [{"name": "Name the model by its weights", "hosts": "local_engine", "gather_facts": False,
+             "vars": {"local_engine_model": str(model), "local_engine_state_dir": str(state), "local_engine_instance": "w"},
+             "tasks": [{"ansible.builtin.include_role": {"name": "inference_cache.substrate.local_engine", "tasks_from": "weights.yml",
+                                                           "public": True}},
+                       _write(state.parent, "{'key': _local_engine_model_key, 'fingerprint': _local_engine_weights_fingerprint}")]}]
+
+
+def test_new_weights_in_place_give_the_model_a_new_name(tmp_path):
+    """LMCache keys its chunks by the name vLLM is given: the role gives it a link named by a fingerprint of the model's
+    files, the same while they are unchanged, another once the weights are rewritten in place (same folder, same config);
+    the link of the old weights goes."""
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text('{"architectures": ["LlamaForCausalLM"]}')
+    weights = model / "model.safetensors"
+    weights.write_bytes(b"\0" * 4096)
+    state = tmp_path / "state"
+    (state / "run" / "w").mkdir(parents=True)
+    first = _play(tmp_path, _weights_play(model, state))
+    run_dir = state / "run" / "w"
+    assert first["key"] == str(run_dir / ("weights-" + first["fingerprint"])) and len(first["fingerprint"]) == 16
+    assert os.path.realpath(first["key"]) == str(model) and (run_dir / ("weights-" + first["fingerprint"]) / "config.json").is_file()
+    assert _play(tmp_path, _weights_play(model, state)) == first   # unchanged files: the same name
+    time.sleep(0.01)
+    with open(weights, "r+b") as handle:   # in place: the same file, the same size, other bytes
+        handle.write(b"\1" * 4096)
+    second = _play(tmp_path, _weights_play(model, state))
+    assert second["fingerprint"] != first["fingerprint"] and os.path.realpath(second["key"]) == str(model)
+    assert sorted(p.name for p in run_dir.iterdir()) == ["weights-" + second["fingerprint"]]
