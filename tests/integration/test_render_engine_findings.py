@@ -370,6 +370,26 @@ def test_lmcache_server_is_a_native_sidecar_inside_the_pod(rendered):
     assert case["engine"]["lmcache"]["server"]["port"] == 6555 and case["engine"]["lmcache"]["mode"] == "multiprocess"
 
 
+def test_every_engine_start_clears_its_lmcache_sidecar(rendered):
+    """LMCache keys chunks by the model name vLLM is given, not by the weights, and the sidecar outlives an engine container
+    restart (whose new process may load other weights under the same name): the engine container's postStart hook clears
+    the sidecar's L1, locked objects too, on the sidecar's own HTTP port; a sidecar that does not answer holds nothing, an
+    HTTP error fails the hook. Pods without the sidecar get no hook."""
+    for name, port in (("f36-lmcache-mp-custom", 6556), ("f16-vllm-lmcache", 8080), ("f16-pd-lmcache", 8080)):
+        for deployment in deployments(rendered[name]):
+            engine = [c for c in deployment["spec"]["template"]["spec"]["containers"] if c["name"] == "engine"][0]
+            command = engine["lifecycle"]["postStart"]["exec"]["command"]
+            assert command[:2] == ["python3", "-c"], command
+            code = command[2]
+            assert 'urllib.request.Request("http://127.0.0.1:%d/cache/clear"' % port in code and \
+                "data=b'{\"tier\": \"l1\", \"force\": true}'" in code, code
+            assert "except urllib.error.HTTPError:\n    raise\nexcept OSError:\n    pass" in code, code
+            compile(code, "postStart", "exec")
+    for name in ("f16-sglang", "f16-pd-cpu-nixl", "f16-nodeports-default"):
+        for deployment in deployments(rendered[name]):
+            assert all("lifecycle" not in c for c in deployment["spec"]["template"]["spec"]["containers"]), name
+
+
 def test_in_process_lmcache_publishes_its_stores_where_a_router_reads_events(rendered):
     """LMCache's in-process stores reach vLLM's KV-event stream only with enable_kv_events (LMCache@v0.5.6:lmcache/v1/config.py,
     default False): on where the router consumes events (precise), never for SGLang 0.5.12, which never asks LMCache for
