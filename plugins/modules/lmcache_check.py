@@ -183,9 +183,9 @@ model:
   sample: tiny
 connector:
   description:
-    - The engine's KV connector as its metrics show it; V(multiprocess) (C(vllm:lmcache_mp_*)), V(in-process)
-      (C(lmcache:*), or C(LMCacheConnectorV1) named by its C(/server_info)), V(none) (no connector: the cold request
-      moved no external query counter) or V(unknown).
+    - "The engine's KV connector as its metrics show it; V(multiprocess) (C(vllm:lmcache_mp_*)), V(in-process)
+      (C(lmcache:*), or C(LMCacheConnectorV1) named by its C(/server_info)), V(none) (no connector, the cold request
+      moved no external query counter) or V(unknown)."
   returned: success
   type: str
   sample: multiprocess
@@ -294,6 +294,14 @@ events:
       sends none); C(invisible_tokens), the restored request's reuse (engine and LMCache) the index did not predict.
   returned: success with O(kv_events)
   type: dict
+seconds:
+  description:
+    - Where the check spent its time, in seconds per phase; C(preflight) (the model, the server's settings, the engine's
+      metrics, the prompt), C(events_connected) (with O(kv_events)), C(cold) (the cold request and its counters),
+      C(stored) (until LMCache wrote its chunks), C(miss) (the reset or the flood), C(restored), C(events) (with O(kv_events)).
+  returned: success
+  type: dict
+  sample: {preflight: 0.08, cold: 0.05, stored: 0.12, miss: 0.01, restored: 0.04}
 warnings:
   description: What the check noticed but does not fail on.
   returned: always

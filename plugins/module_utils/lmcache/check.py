@@ -373,7 +373,10 @@ class LMCacheProbe:
                 self.facts["max_model_len"] = entry["max_model_len"]
 
     # -- the check --------------------------------------------------------------------------------
-    def run(self):
+    def preflight(self):
+        """What the check knows before its first request: the model, the server's settings, the engine's metrics and its
+        connector; fails on an engine without external counters and on a degraded tier. ``(server settings or None,
+        engine metrics)``. It sends no completion, so it can be asked at any time, under traffic (the fault benchmark)."""
         self.resolve_model()
         self.facts["model"] = self.model
         server = self.read_lmcache_config()
@@ -393,6 +396,17 @@ class LMCacheProbe:
                               "%d s; if it lasts, the connector points at another server)" % (self.lmcache.base_url, HEARTBEAT_SECONDS))
         elif server is not None:
             self.read_lmcache_registrations()
+        return server, m0
+
+    def lap(self, name):
+        """Seconds since the previous lap, recorded as ``seconds[name]`` (where the check spends its time)."""
+        now = self.clock()
+        self.facts.setdefault("seconds", {})[name] = round(now - self._lap, 3)
+        self._lap = now
+
+    def run(self):
+        self._lap = self.clock()
+        server, m0 = self.preflight()
         chunk_size = self.check_server(server)
         self.learn_engine()
         nonce = self.nonce
@@ -402,8 +416,10 @@ class LMCacheProbe:
         if chunk_size and prompt_tokens < chunk_size + 1:
             self.fail("The prompt has %d tokens, not more than one LMCache chunk (%d tokens), and only full chunks are "
                       "stored: raise prefix_tokens." % (prompt_tokens, chunk_size))
+        self.lap("preflight")
         if self.watch is not None:
             self.watch.start()
+            self.lap("events_connected")
         try:
             return self.cycle(prompt, token_ids, m0, chunk_size)
         finally:
@@ -431,6 +447,7 @@ class LMCacheProbe:
         l0 = self.lmcache_metrics()
         cold = self.complete(prompt, "cold")
         m1 = self.after(m0, cold["prompt_tokens"])
+        self.lap("cold")
         if cold["prompt_tokens"] and _delta(m0, m1, EXTERNAL_QUERIES) == 0 and _delta(m0, m1, DEVICE_QUERIES) > 0:
             self.facts["connector"] = "none"
             self.fail("The engine has no KV connector: %s did not move over the cold request's %d prompt tokens (vLLM counts "
@@ -441,6 +458,7 @@ class LMCacheProbe:
         stored_chunks = _delta(l0, l1, L1_WRITE_CHUNKS) if self.facts.get("lmcache_reachable") else None
         if self.watch is not None:   # LMCache's store events (medium CPU) come with the engine's next step or two
             self.watch.wait_for(lambda: self.watch.stored_chunks() >= expected_chunks, min(self.settle, 1.0))
+        self.lap("stored")
         method = self.miss
         if method in ("auto", "reset"):
             if self.reset():
@@ -451,14 +469,17 @@ class LMCacheProbe:
             else:
                 method = "evict"
         flood = self.flood(m1) if method == "evict" else 0
+        self.lap("miss")
         m2 = self.engine_metrics()
         if self.watch is not None:
             self.watch.mark("restored")
         restored = self.complete(prompt, "restored")
         m3 = self.after(m2, restored["prompt_tokens"])
         l2 = self.lmcache_metrics()
+        self.lap("restored")
         if self.watch is not None:
             self.watch.pump(0.2)
+            self.lap("events")
         facts = self.measure(cold, restored, (m0, m1, m2, m3), (l0, l1, l2), chunk_size, stored_chunks, method, flood)
         if self.watch is not None:
             facts["events"] = self.events(token_ids, facts)
