@@ -31,6 +31,7 @@ import fcntl
 import json
 import os
 import re
+import signal
 import socket
 import subprocess
 import sys
@@ -263,38 +264,96 @@ def test_lmcache_gives_a_stored_prompt_back_with_the_same_answer():
     assert events["invisible_tokens"] == 0 and events["host_removed_blocks"] == 0
 
 
-def test_lmcache_check_fails_on_a_stopped_server_and_site_brings_it_back():
-    """About 40 s (the engine restarts with the new server): stop the default engine's LMCache server, check, re-converge."""
+def _kill_group(pidfile):
+    """SIGKILL to the process group a pid file names (a crash: nothing of it is told)."""
+    with open(pidfile) as handle:
+        pid = int(handle.read().strip())
+    os.killpg(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and _lmcache_up():
+        time.sleep(0.2)
+    return pid
+
+
+def test_a_dead_lmcache_server_is_a_degraded_tier_and_site_brings_it_back(tmp_path):
+    """About 60 s: the default engine's LMCache server killed (SIGKILL). While it is away, lmcache_check and the verify
+    report name a degraded tier in one sentence; `site.yml` starts the server again and leaves the engine running (its
+    connector re-registers on its own, LMCache 0.5.6: the role waits for that), and the tier serves hits again."""
     _need_lmcache()
     if not STARTED_HERE["default"]:
         pytest.skip("The default engine was not started by this test run: its LMCache server is left alone.")
     run_dir = os.path.join(STATE_DIR, "run", "default")
-    adhoc = os.path.join(os.path.dirname(PLAYBOOK), "ansible")
-    stop = subprocess.run([adhoc, "localhost", "-m", "inference_cache.substrate.local_service", "-a", json.dumps({
-        "name": "LMCache server", "state": "stopped", "pidfile": os.path.join(run_dir, "lmcache.pid"),
-        "runfile": os.path.join(run_dir, "lmcache.settings.sha1")})], cwd=ROOT, env=ENV, capture_output=True, text=True,
-        timeout=120, check=False)
-    assert stop.returncode == 0 and not _lmcache_up(), stop.stdout[-2000:]
+    engine_pid = open(os.path.join(run_dir, "engine.pid")).read().strip()
+    _kill_group(os.path.join(run_dir, "lmcache.pid"))
+    assert not _lmcache_up()
     rc, result = _lmcache_check({})
-    assert rc != 0 and result["changed"] is False
-    assert result["msg"].startswith("The LMCache server at %s is unreachable (Cannot reach %s/config: Connection refused), "
-                                    "so the engine's LMCacheMPConnector can neither store nor retrieve" % (LMCACHE_URL, LMCACHE_URL))
-    # The role starts the server again and, since the engine's connector registered with the old one, the engine after it.
+    assert rc != 0 and result["changed"] is False and result["degraded"] is True, result
+    assert result["msg"].startswith("The LMCache tier is degraded: the LMCache server at %s does not answer (Cannot reach "
+                                    "%s/config: Connection refused: stopped, paused or overloaded; make site starts a stopped "
+                                    "one" % (LMCACHE_URL, LMCACHE_URL)), result["msg"]
+    # playbooks/verify.yml finds the multiprocess connector on the engine's page and names the degraded tier in its report.
+    report_dir = tmp_path / "report"
+    verified = _playbook("playbooks/verify.yml", "-e", "verify_report_dir=%s" % report_dir)
+    assert verified.returncode != 0, verified.stdout[-3000:]
+    report = json.loads((report_dir / "report.json").read_text())
+    assert report["passed"] is False and report["failure"].startswith("The LMCache tier is degraded: the LMCache server at %s" % LMCACHE_URL)
+    assert report["outcome"]["lmcache"]["degraded"] is True
+    assert "LMCache tier DEGRADED" in (report_dir / "summary.txt").read_text()
+    # The role starts the server again, waits for the running engine's connector to register with it, and restarts nothing else.
     again = _playbook("playbooks/site.yml", "--tags", "local_engine")
-    assert again.returncode == 0 and _recap(again.stdout)["changed"] >= 3, again.stdout[-3000:]
+    assert again.returncode == 0, again.stdout[-3000:]
+    assert open(os.path.join(run_dir, "engine.pid")).read().strip() == engine_pid, "the engine was restarted"
+    assert _recap(again.stdout)["changed"] == 1, again.stdout[-3000:]
     rc, result = _lmcache_check({})
     assert rc == 0 and result["external_hit_tokens"] == result["expected_hit_tokens"] > 0, result.get("msg")
+    # The engine registered again, under the name of its weights (the link the role gave vLLM as its model).
+    assert result["lmcache_registered"] and result["lmcache_model_names"] == [
+        os.path.join(run_dir, name) for name in os.listdir(run_dir) if name.startswith("weights-")], result
 
 
-def test_lmcache_in_process_connector_on_cpu_is_named(tmp_path):
-    """About 60 s: an instance (port 8120) with vLLM's in-process LMCacheConnectorV1, which on CPU recomputes everything."""
+def test_the_rendered_poststart_hook_clears_the_sidecar(tmp_path):
+    """model_server's engine container hook (the role's own definition, on this server's port) run against the real
+    LMCache server: a prompt stored, the hook run, the prompt's chunks gone (the next request after a reset gets nothing
+    from LMCache and stores them again)."""
+    _need_lmcache()
+    playbook = tmp_path / "hook.yml"
+    playbook.write_text(json.dumps([{"hosts": "localhost", "gather_facts": False,
+                                     "vars": {"model_server_lmcache_server_http_port": int(LMCACHE_URL.rsplit(":", 1)[1])},
+                                     "vars_files": [os.path.join(ROOT, "roles", "model_server", "vars", "main.yml")],
+                                     "tasks": [{"ansible.builtin.copy": {"content": "{{ _model_server_lmcache_clear | to_json }}",
+                                                                         "dest": str(tmp_path / "hook.json")}}]}]))
+    rendered = _playbook("-i", "localhost,", "-c", "local", "-e", "ansible_python_interpreter=%s" % sys.executable, str(playbook))
+    assert rendered.returncode == 0, rendered.stdout[-2000:]
+    hook = json.loads((tmp_path / "hook.json").read_text())
+    client = http.OpenAIClient(URL, timeout=120)
+    prompt = "[hook %s] " % time.time() + " ".join("word%d" % (i % 50) for i in range(400))
+
+    def external_hits():
+        return pc.parse_metrics(client.get_text("/metrics"))["samples"].get("vllm:external_prefix_cache_hits_total", 0.0)
+
+    def complete():
+        client.post_json("/reset_prefix_cache", {})
+        before = external_hits()
+        client.post_json("/v1/completions", {"model": "tiny", "prompt": prompt, "max_tokens": 1, "temperature": 0})
+        return external_hits() - before
+    complete()                      # stored
+    assert complete() > 0           # served from LMCache
+    run = subprocess.run([sys.executable if c == "python3" else c for c in hook], capture_output=True, text=True, timeout=60, check=False)
+    assert run.returncode == 0, run.stderr
+    assert complete() == 0          # the hook cleared it
+
+
+def test_lmcache_in_process_connector_and_no_connector_are_two_sentences(tmp_path):
+    """About 2 minutes: an instance (port 8120) with vLLM's in-process LMCacheConnectorV1, which on CPU recomputes
+    everything, then the same instance with no KV connector at all: each cause has its own sentence (they shared one)."""
     _need_lmcache()   # the installation has LMCache once site.yml ran it
     config = {"kv_connector": "LMCacheConnectorV1", "kv_role": "kv_both"}
     env = {"LMCACHE_CHUNK_SIZE": "64", "LMCACHE_LOCAL_CPU": "True", "LMCACHE_MAX_LOCAL_CPU_SIZE": "1", "LMCACHE_TRACK_USAGE": "false",
            # LMCache's in-process metrics then reach vLLM's page (and nothing lands in /tmp/lmcache_prometheus)
            "PROMETHEUS_MULTIPROC_DIR": str(tmp_path / "prometheus")}
     (tmp_path / "prometheus").mkdir()
-    args = _instance_vars("pytest-lmc-inproc", 8120) + ["-e", json.dumps({
+    base = _instance_vars("pytest-lmc-inproc", 8120)
+    args = base + ["-e", json.dumps({
         "local_engine_lmcache": False, "local_engine_extra_args": ["--kv-transfer-config", json.dumps(config)], "local_engine_env": env})]
     try:
         start = _playbook("playbooks/site.yml", *args)
@@ -303,10 +362,94 @@ def test_lmcache_in_process_connector_on_cpu_is_named(tmp_path):
         assert rc != 0 and result["connector"] == "in-process" and result["external_hit_tokens"] == 0
         assert "vLLM runs LMCache's in-process connector (LMCacheConnectorV1" in result["msg"]
         assert "which on a CPU engine falls back to recompute" in result["msg"] and "run LMCache in multiprocess mode" in result["msg"]
+        in_process = result["msg"]
+        # The same instance without a connector: the external counters are on its page all the same (vLLM exports them
+        # always), but the cold request's queries do not move them.
+        plain = base + ["-e", json.dumps({"local_engine_lmcache": False})]
+        start = _playbook("playbooks/site.yml", *plain)
+        assert start.returncode == 0, start.stdout[-3000:]
+        rc, result = _lmcache_check({"url": "http://127.0.0.1:8120"}, lmcache_url=None)
+        assert rc != 0 and result["connector"] == "none", result
+        assert result["msg"] == ("The engine has no KV connector: vllm:external_prefix_cache_queries_total did not move over the cold "
+                                 "request's %d prompt tokens (vLLM counts them only through a connector); start vLLM with "
+                                 "--kv-transfer-config naming LMCacheMPConnector and the LMCache server's port." % result["prompt_tokens"])
+        assert result["msg"] != in_process
     finally:
         stop = _playbook("playbooks/teardown.yml", *args)
         assert stop.returncode == 0, stop.stdout[-3000:]
     assert not _left("pytest-lmc-inproc")
+
+
+# -- weights changed in place: the old chunks are never served (issue 42) ------------------------------------------------
+_CHANGE_WEIGHTS = """
+import sys, torch
+from safetensors.torch import load_file, save_file
+path = sys.argv[1]
+tensors = load_file(path)
+generator = torch.Generator().manual_seed(42)
+for name, tensor in tensors.items():
+    if tensor.is_floating_point():
+        tensors[name] = tensor + torch.randn(tensor.shape, generator=generator, dtype=tensor.dtype) * 0.05
+save_file(tensors, path, metadata={"format": "pt"})   # in place: the same file, folder and config
+"""
+
+
+def test_weights_changed_in_place_never_meet_their_old_chunks(tmp_path):
+    """About 3 minutes: an instance (port 8130) with its own LMCache server over a copy of the tiny model. A long prompt is
+    answered and stored in LMCache; the weights are rewritten in place (same folder, same config) and site.yml run again:
+    the engine restarts (its weights' fingerprint changed), the LMCache server keeps the old chunks, and the prompt gets
+    nothing from them: its answer is the new weights' cold answer (the same request with a cache_salt of its own, which
+    no cached block shares), token for token."""
+    _need_lmcache()
+    import shutil  # pylint: disable=import-outside-toplevel
+    model = tmp_path / "model"
+    shutil.copytree(os.path.join(STATE_DIR, "models", "tiny-llama"), str(model))
+    port = 8130
+    args = _instance_vars("pytest-weights", port) + ["-e", json.dumps({
+        "local_engine_lmcache": True, "local_engine_model": str(model), "local_engine_kv_events": False})]
+    url, run_dir = "http://127.0.0.1:%d" % port, os.path.join(STATE_DIR, "run", "pytest-weights")
+    client = http.OpenAIClient(url, timeout=300)
+    prompt = "[weights %s] " % time.time() + " ".join("word%d" % (i % 60) for i in range(700))
+
+    def external_hits():
+        return pc.parse_metrics(client.get_text("/metrics"))["samples"].get("vllm:external_prefix_cache_hits_total", 0.0)
+
+    def answer(**extra):
+        before = external_hits()
+        body = dict({"model": "tiny", "prompt": prompt, "max_tokens": 8, "temperature": 0, "logprobs": 1}, **extra)
+        choice = client.post_json("/v1/completions", body)["choices"][0]
+        return choice["text"], choice["logprobs"]["token_logprobs"], external_hits() - before
+
+    try:
+        start = _playbook("playbooks/site.yml", *args)
+        assert start.returncode == 0, start.stdout[-3000:]
+        old_text, old_logprobs, dummy = answer()
+        client.post_json("/reset_prefix_cache", {})
+        assert answer()[2] > 0                              # the tier serves the prompt under the old weights
+        engine_pid = open(os.path.join(run_dir, "engine.pid")).read().strip()
+        lmcache_pid = open(os.path.join(run_dir, "lmcache.pid")).read().strip()
+        changed = subprocess.run([os.path.join(STATE_DIR, "venv", "bin", "python"), "-c", _CHANGE_WEIGHTS, str(model / "model.safetensors")],
+                                 capture_output=True, text=True, timeout=300, check=False)
+        assert changed.returncode == 0, changed.stderr[-2000:]
+        again = _playbook("playbooks/site.yml", *args)
+        assert again.returncode == 0, again.stdout[-3000:]
+        assert open(os.path.join(run_dir, "engine.pid")).read().strip() != engine_pid, "the engine kept the old weights"
+        assert open(os.path.join(run_dir, "lmcache.pid")).read().strip() == lmcache_pid, "the LMCache server (and its chunks) went"
+        text, logprobs, served = answer()
+        assert served == 0, "%d tokens of the old weights' chunks were served" % served
+        cold_text, cold_logprobs, cold_served = answer(cache_salt="fresh-%s" % time.time())
+        assert cold_served == 0 and text == cold_text and max(abs(a - b) for a, b in zip(logprobs, cold_logprobs)) <= 1e-4
+        assert max(abs(a - b) for a, b in zip(logprobs, old_logprobs)) > 1e-3, "the new weights answer as the old ones"
+        # The tier works for the new weights, under their own name.
+        client.post_json("/reset_prefix_cache", {})
+        assert answer()[2] > 0
+        rc, result = _lmcache_check({"url": url}, lmcache_url="http://127.0.0.1:%d" % (port + 51))
+        assert rc == 0 and result["lmcache_model_names"] == [
+            os.path.join(run_dir, name) for name in os.listdir(run_dir) if name.startswith("weights-")], result
+    finally:
+        stop = _playbook("playbooks/teardown.yml", *args)
+        assert stop.returncode == 0, stop.stdout[-3000:]
+    assert not _left("pytest-weights")
 
 
 def test_site_second_run_changes_nothing():

@@ -455,7 +455,7 @@ def _weights_play(model, state):
     return [{"name": "Name the model by its weights", "hosts": "local_engine", "gather_facts": False,
              "vars": {"local_engine_model": str(model), "local_engine_state_dir": str(state), "local_engine_instance": "w"},
              "tasks": [{"ansible.builtin.include_role": {"name": "inference_cache.substrate.local_engine", "tasks_from": "weights.yml",
-                                                           "public": True}},
+                                                         "public": True}},
                        _write(state.parent, "{'key': _local_engine_model_key, 'fingerprint': _local_engine_weights_fingerprint}")]}]
 
 
