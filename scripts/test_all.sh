@@ -9,7 +9,11 @@
 #           and molecule `kwok` runs the Kubernetes path on a kwok cluster with real engines behind its engine pods
 #           and the GIE EPP routing real requests to them;
 #   builds  the Go builds (kwok cluster, helm, the GIE EPP and its CRDs), once per version: a test that needs one before
-#           it is done waits on its lock (inference_cache.substrate.go_build), so each is built once;
+#           it is done waits on its lock (inference_cache.substrate.go_build), so each is built once. Every test and
+#           scenario asks for its builds through go_build (playbooks/go_build.yml, or the roles that build what they run),
+#           never by looking for a binary: the engine lane's EPP tests (test_epp_route_engine.py) may reach the GIE EPP
+#           long before a cold build of it ends, and wait for it; the simulator (llm-d-inference-sim), which this lane does
+#           not build, is built on first use the same way (molecule kwok_fleet, test_simulated_engine.py);
 #   checks  everything else (ansible-test sanity and units, lint, the other molecule tests, build, then the other pytest
 #           tests, whose kwok cluster modules run last: tests/integration/conftest.py).
 # The lanes share no port, file or engine. A stage's output is printed in one block when it ends.
