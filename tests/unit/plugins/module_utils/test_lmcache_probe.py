@@ -88,6 +88,9 @@ def test_a_working_tier_gives_the_prompt_back(stack):
     assert result["lmcache_server"] == {"chunk_size": 64, "hash_algorithm": "blake3", "kv_event_log_size": 0}
     # The engine registered with the server, and the model name that keys its chunks there.
     assert result["lmcache_registered"] == [7] and result["lmcache_model_names"] == ["/m"] and "degraded" not in result
+    # Where the time went, phase by phase.
+    assert sorted(result["seconds"]) == ["cold", "miss", "preflight", "restored", "stored"]
+    assert all(value >= 0 for value in result["seconds"].values())
     assert "events" not in result and result["warnings"] == []
     # The cold request missed everything; the restored one came from LMCache, not from the engine's own cache.
     assert [(c["device"], c["external"]) for c in stack.completions] == [(0, 0), (0, expected)]
