@@ -17,6 +17,7 @@ from __future__ import absolute_import, division, print_function
 
 __metaclass__ = type  # pylint: disable=invalid-name
 
+import hashlib
 import json
 import os
 import subprocess
@@ -85,8 +86,10 @@ def test_launcher_passes_the_reference_command(tmp_path):
                       "replay_endpoint": "tcp://127.0.0.1:5558", "topic": "kv@127.0.0.1:8000@tiny",
                       "hwm": 100000, "buffer_steps": 10000}
     argv[argv.index("--kv-events-config") + 1] = "<config>"
+    # The model through the link named by its weights' fingerprint (tasks/weights.yml; here none ran: no file seen).
+    assert argv[argv.index("--model") + 1] == str(state / "run" / "default" / ("weights-" + hashlib.sha1(b"").hexdigest()[:16]))
     assert argv == [
-        "-m", "vllm.entrypoints.openai.api_server", "--model", str(state / "models" / "tiny-llama"),
+        "-m", "vllm.entrypoints.openai.api_server", "--model", argv[argv.index("--model") + 1],
         "--served-model-name", "tiny", "--host", "127.0.0.1", "--port", "8000",
         "--enable-prefix-caching", "--prefix-caching-hash-algo", "sha256", "--block-size", "32", "--max-model-len", "2048",
         "--dtype", "float32", "--enforce-eager", "--num-gpu-blocks-override", "128", "--kv-events-config", "<config>",
