@@ -345,27 +345,30 @@ def main(argv=None):
                 stack.start()
             over_at = time.monotonic() - traffic.started_at
             port_wait, stack.port_wait = stack.port_wait, None
-            after = watch_check(stack, traffic, over_at + args.steady / 2)
+            said_after = watch_check(stack, traffic, over_at + args.steady / 2)
             memory.append(stack.memory_mib())
-            phases.append((fault, fault_at, over_at, during, after, port_wait))
+            phases.append((fault, fault_at, over_at, during, said_after, port_wait))
             time.sleep(max(0.0, over_at + args.steady - (time.monotonic() - traffic.started_at)))
         memory.append(stack.memory_mib())
     finally:
         traffic.halt.set()
         traffic.join(args.timeout + 10)
         stack.leave_as_found()
-    after = [stack.complete(text, salt="%s-after-%d" % (salt, i)) for i, text in enumerate(texts)]
+    references_after = [stack.complete(text, salt="%s-after-%d" % (salt, i)) for i, text in enumerate(texts)]
     records = traffic.records
+    if args.records:   # the raw data first, whatever the summary below does
+        with open(args.records, "w") as out:
+            json.dump({"records": records, "phases": [p[:3] for p in phases]}, out, indent=1)
     events = connector_events(os.path.join(stack.run_dir, "engine.log"), wall_offset + traffic.started_at)
     median = statistics.median(baseline) if baseline else 0.0
     rows = []
-    for index, (fault, fault_at, over_at, during, after, port_wait) in enumerate(phases):
+    for index, (fault, fault_at, over_at, during, said_after, port_wait) in enumerate(phases):
         end = phases[index + 1][1] if index + 1 < len(phases) else float("inf")
         row = summarize(fault, [r for r in records if r["t"] < end], fault_at, over_at, median, events,
                         wall_offset + traffic.started_at, end)
-        passes = [t for t, sentence in after if sentence is None]
+        passes = [t for t, sentence in said_after if sentence is None]
         row.update(ports_free_after_s=round(port_wait, 1) if port_wait is not None else None, check_during=during,
-                   check_after=[sentence for _t, sentence in after if sentence][:1],
+                   check_after=[sentence for _t, sentence in said_after if sentence][:1],
                    check_passes_after_fault_end_s=round(passes[0] - over_at, 1) if passes else None)
         rows.append(row)
     steady = [r for r in records if r["t"] < (phases[0][1] if phases else float("inf"))]
@@ -374,8 +377,9 @@ def main(argv=None):
         "requests": len(records), "unanswered": sum(1 for r in records if not r["answered"]),
         "wrong": sum(1 for r in records if r["answered"] and not r["right"]),
         "served_from_tier": sum(1 for r in records if r["tier"]),
-        "references_stable": after == references,
-        "reference_changes": [{"prompt": i, "before": references[i], "after": after[i]} for i in range(len(texts)) if after[i] != references[i]],
+        "references_stable": references_after == references,
+        "reference_changes": [{"prompt": i, "before": references[i], "after": references_after[i]}
+                              for i in range(len(texts)) if references_after[i] != references[i]],
         "steady": {"requests": len(steady), "latency_p50_s": round(median, 3),
                    "latency_p99_s": round(percentile(baseline, 0.99) or 0.0, 3),
                    "served_from_tier": sum(1 for r in steady if r["tier"])},
