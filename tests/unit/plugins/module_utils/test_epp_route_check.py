@@ -114,8 +114,7 @@ def poll_until(check, condition, bound=60.0):
     until = time.monotonic() + bound
     while not condition():
         assert time.monotonic() < until, "the engines' events did not arrive"
-        check.consumer.poll(0.05)
-        check.drain()
+        check.live.pump(0.05)
 
 
 def test_an_engine_restarted_in_place_is_named_and_explains_a_stale_pick():
@@ -126,11 +125,11 @@ def test_an_engine_restarted_in_place_is_named_and_explains_a_stale_pick():
 
         def warm_restart_warm():
             warm(engines[0], PREFIX + " first question")
-            poll_until(check, lambda: check.index.size("engine-0") > 0)
+            poll_until(check, lambda: check.live.index.size("engine-0") > 0)
             engines[0].restart()
             warm(engines[0], "a prompt of other words entirely")
             warm(engines[1], PREFIX + " first question")
-            poll_until(check, lambda: check.by_name["engine-0"].restarts == 1 and check.index.size("engine-1") > 0)
+            poll_until(check, lambda: check.live.by_name["engine-0"].restarts == 1 and check.live.index.size("engine-1") > 0)
         with pytest.raises(CheckError) as info:
             check.run(warm=warm_restart_warm)
     msg = assert_one_sentence(info.value.msg)

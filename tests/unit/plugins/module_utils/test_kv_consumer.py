@@ -275,4 +275,4 @@ def test_the_frame_bound_applies_to_the_subscriptions_of_both_checks(zctx, inpro
         check.consumer.close()
     assert src.sock is None and zctx.closed is False   # a context it was given is not its to end
     index = idx.KVIndexCheck({"engines": []}, max_frame=2048)
-    assert index.consumer.max_frame == 2048 and index.consumer.tracker is None
+    assert index.live.consumer.max_frame == 2048 and index.live.consumer.tracker is None

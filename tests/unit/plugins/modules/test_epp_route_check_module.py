@@ -69,8 +69,7 @@ def poll_until(check, condition, bound=60.0):
     until = time.monotonic() + bound
     while not condition():
         assert time.monotonic() < until, "the engines' events did not arrive"
-        check.consumer.poll(0.05)
-        check.drain()
+        check.live.pump(0.05)
 
 
 def with_warm_up(monkeypatch, warm_up):
@@ -85,11 +84,11 @@ def test_a_stale_pick_of_an_engine_restarted_in_place_fails_with_the_restart_war
     with two_engines_and_epp(lambda engines: address_of(engines[0])) as (engines, args):
         def warm_up(check):
             complete(engines[0], PREFIX + " first question")
-            poll_until(check, lambda: check.index.size("engine-0") > 0)
+            poll_until(check, lambda: check.live.index.size("engine-0") > 0)
             engines[0].restart()   # in place: same address, cache empty, sequence from 0, no AllBlocksCleared
             complete(engines[0], "other words entirely")
             complete(engines[1], PREFIX + " first question")
-            poll_until(check, lambda: check.by_name["engine-0"].restarts == 1 and check.index.size("engine-1") > 0)
+            poll_until(check, lambda: check.live.by_name["engine-0"].restarts == 1 and check.live.index.size("engine-1") > 0)
         with_warm_up(monkeypatch, warm_up)
         ok, res = run(epp_route_check, args)
     assert not ok
@@ -107,7 +106,7 @@ def test_a_pick_of_the_engine_holding_the_prefix_passes_without_a_warning(monkey
     with two_engines_and_epp(lambda engines: address_of(engines[1])) as (engines, args):
         def warm_up(check):
             complete(engines[1], PREFIX + " first question")
-            poll_until(check, lambda: check.index.size("engine-1") > 0)
+            poll_until(check, lambda: check.live.index.size("engine-1") > 0)
         with_warm_up(monkeypatch, warm_up)
         ok, res = run(epp_route_check, args)
     assert ok, res.get("msg")
