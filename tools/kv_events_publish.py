@@ -6,7 +6,7 @@
 
 """Synthetic KV-event publisher: real-shaped vLLM (map or array events) and SGLang frames, with a replay ROUTER.
 
-The publisher itself is tools/_kv_synthetic.py (test and tool code, kept out of the modules' payload).
+The publisher itself is tests/harness/kv_synthetic.py (test and tool code, kept out of the modules' payload).
 
 Examples:
   # like vLLM with tcp://*:5557 (binds), replay on 5558, a repairable gap at batch 3 and a restart at batch 6
@@ -26,10 +26,12 @@ __metaclass__ = type  # pylint: disable=invalid-name
 import argparse
 import json
 import os
+import runpy
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import _kv_synthetic as synth  # noqa: E402  pylint: disable=wrong-import-position,import-error
+# The collection's Python by its full name, through its one loader (this file is tools/ of a checkout).
+runpy.run_path(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "plugins", "module_utils", "_loader.py"))["collection"]()
+from ansible_collections.inference_cache.substrate.tests.harness import kv_synthetic as synth  # noqa: E402  pylint: disable=wrong-import-position
 
 
 def _ints(text):

@@ -18,10 +18,12 @@ __metaclass__ = type  # pylint: disable=invalid-name
 import argparse
 import json
 import os
+import runpy
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _loader import module_utils  # noqa: E402  pylint: disable=wrong-import-position
+# The collection's Python by its full name, through its one loader (this file is tools/ of a checkout).
+module_utils = runpy.run_path(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "plugins", "module_utils",
+                                           "_loader.py"))["module_utils"]
 
 
 # The shared messages name the module's options; this tool says its own flags instead.

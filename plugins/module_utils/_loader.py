@@ -3,11 +3,24 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
 
-"""Import this collection's plugins/module_utils without installing the collection.
+# PRIVATE to the inference_cache.substrate collection: the names here may change without notice.
 
-Usage from a script in tools/:  ``from _loader import module_utils; kv = module_utils("kv.events")``.
-The directory is registered as the package ``inference_cache_substrate_module_utils`` so that the relative
-imports between module_utils files (``from ._kv_events import ...``) work.
+"""The one way into this collection's Python for a program that does not run inside a collection path.
+
+The collection's Python is imported one way: by its full name,
+``ansible_collections.inference_cache.substrate.plugins.module_utils.<family>.<name>`` (modules, filters, tests, tools,
+benchmarks, the roles' programs), and relatively between the files of ``plugins/module_utils``. Ansible and the tests
+find that name on a collections path. A program started from a checkout or a copied folder (the hand-run tools, the
+benchmarks, the in-cluster verifier, the roles' daemons, a confined program's side inside its network namespace) first
+makes the name importable with this file, found beside its own path::
+
+    import os, runpy
+    runpy.run_path(os.path.join(COLLECTION_ROOT, "plugins", "module_utils", "_loader.py"))["collection"]()
+
+``collection()`` registers ``ansible_collections.inference_cache.substrate`` at the collection root this file sits in,
+unless that name can be imported already (an installed collection, the tests' own), and returns the root.
+``python _loader.py MODULE ARGS...`` runs ``main(ARGS)`` of ``plugins/module_utils/MODULE`` (dotted, e.g.
+``service.confine``) that way and exits with what it returns.
 """
 
 from __future__ import absolute_import, division, print_function
@@ -19,14 +32,44 @@ import os
 import sys
 import types
 
-PACKAGE = "inference_cache_substrate_module_utils"
-MODULE_UTILS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "plugins", "module_utils")
+NAME = "ansible_collections.inference_cache.substrate"
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _package(name, path):
+    module = types.ModuleType(name)
+    module.__path__ = path
+    sys.modules[name] = module
+    return module
+
+
+def collection(root=ROOT):
+    """Make ``ansible_collections.inference_cache.substrate`` importable (at ``root`` unless it is already); its root."""
+    if NAME not in sys.modules:
+        try:
+            importlib.import_module(NAME)
+        except ImportError:
+            try:
+                importlib.import_module("ansible_collections")
+            except ImportError:
+                _package("ansible_collections", [])
+            _package("ansible_collections.inference_cache", [])
+            _package(NAME, [root])
+    return list(sys.modules[NAME].__path__)[0]
 
 
 def module_utils(name):
-    """Return the module ``plugins/module_utils/<name>.py`` of the collection this file sits in."""
-    if PACKAGE not in sys.modules:
-        package = types.ModuleType(PACKAGE)
-        package.__path__ = [MODULE_UTILS]
-        sys.modules[PACKAGE] = package
-    return importlib.import_module("%s.%s" % (PACKAGE, name))
+    """``plugins/module_utils/<name>`` (dotted) of the collection, loaded by its full name."""
+    collection()
+    return importlib.import_module("%s.plugins.module_utils.%s" % (NAME, name))
+
+
+def main(argv):
+    if not argv:
+        sys.stderr.write("usage: python _loader.py MODULE [ARGS...]: runs main(ARGS) of plugins/module_utils/MODULE\n")
+        return 2
+    return module_utils(argv[0]).main(argv[1:])
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

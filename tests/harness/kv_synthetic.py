@@ -9,8 +9,9 @@ It emits real-shaped vLLM (map or array events) and SGLang frames, keeps a repla
 exactly like vLLM's ``ZmqEventPublisher`` (vllm@v0.32.0:vllm/distributed/kv_events.py), and can inject gaps,
 restarts and a dropped tail (the last batches of a burst lost at the high-water mark, still in the replay buffer).
 
-Used by tools/kv_events_publish.py (through tools/_loader.py) and by the tests, which import it as
-``ansible_collections.inference_cache.substrate.tools._kv_synthetic``.
+Used by the tests, ``tools/kv_events_publish.py`` and the benchmarks, which import it as
+``ansible_collections.inference_cache.substrate.tests.harness.kv_synthetic`` (the tools and benchmarks through the
+collection's one loader, ``plugins/module_utils/_loader.py``).
 """
 
 from __future__ import absolute_import, division, print_function
@@ -19,20 +20,11 @@ __metaclass__ = type  # pylint: disable=invalid-name
 
 import collections
 import hashlib
-import os
-import sys
 import time
 
-if (__package__ or "").startswith("ansible_collections."):
-    from ansible_collections.inference_cache.substrate.plugins.module_utils.kv import consumer as kvc
-    from ansible_collections.inference_cache.substrate.plugins.module_utils.kv import events as kv
-    from ansible_collections.inference_cache.substrate.plugins.module_utils.kv import sockets as kvz
-else:  # run from tools/: load the collection's module_utils without installing it
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from _loader import module_utils  # pylint: disable=import-error
-    kv = module_utils("kv.events")
-    kvz = module_utils("kv.sockets")
-    kvc = module_utils("kv.consumer")
+from ansible_collections.inference_cache.substrate.plugins.module_utils.kv import consumer as kvc
+from ansible_collections.inference_cache.substrate.plugins.module_utils.kv import events as kv
+from ansible_collections.inference_cache.substrate.plugins.module_utils.kv import sockets as kvz
 
 zmq = kvz.zmq
 HAS_ZMQ = kvz.HAS_ZMQ

@@ -15,6 +15,7 @@ import re
 import subprocess
 import sys
 
+import pytest
 import yaml
 
 from ansible_collections.inference_cache.substrate.plugins.module_utils.common import wiring
@@ -64,10 +65,11 @@ def test_the_python_side_finds_a_build_where_go_build_puts_it_and_builds_nothing
     assert local.resolve_epp() == (str(built), "llm-d", None)
 
 
-def test_the_runtime_runs_as_a_module_of_the_collection():
-    """What the local_router role's launcher runs: python -m ...epp.local with PYTHONPATH at the collections root."""
-    collections = os.path.dirname(os.path.dirname(os.path.dirname(ROOT))) if "ansible_collections" in ROOT else \
-        os.path.join(ROOT, ".cache", "collections")
-    run = subprocess.run([sys.executable, "-m", "ansible_collections.inference_cache.substrate.plugins.module_utils.epp.local", "serve",
-                          "--help"], env=dict(os.environ, PYTHONPATH=collections), capture_output=True, text=True, timeout=60, check=False)
-    assert run.returncode == 0 and "--service-account" in run.stdout, run.stderr[-2000:]
+@pytest.mark.parametrize("entry, says", [("roles/local_router/files/epp_serve.py", "--service-account"),
+                                         ("roles/simulated_engine/files/confined.py", "usage: confined.py SPEC -- COMMAND")])
+def test_the_roles_daemons_run_from_the_collection_alone(entry, says):
+    """What the local_router and simulated_engine roles' launchers run: a thin entry of the role, which finds the collection's
+    Python through its one loader (no PYTHONPATH, no collections path)."""
+    run = subprocess.run([sys.executable, os.path.join(ROOT, entry), "--help"], env=dict(os.environ, PYTHONPATH=""),
+                         capture_output=True, text=True, timeout=60, check=False, cwd="/")
+    assert says in run.stdout + run.stderr, run.stderr[-2000:]

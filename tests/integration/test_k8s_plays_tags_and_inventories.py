@@ -3,7 +3,8 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
 
-"""Issue 20 defects 2, 3, 6 and 7 in playbooks/kubernetes.yml, the inventories and the README, without a cluster.
+"""playbooks/kubernetes.yml's tags, the inventories' opt-outs and modes, and the settings check's idempotence, without a cluster
+(first written for issue 20's defects 2, 3, 6 and 7).
 
 * 2: ``--tags <role>`` and ``--tags <role>_deploy`` list the tasks that apply (imported, so the tags reach them);
 * 3: the README's opt-out line for each inventory names every ``*_allow_unpinned_images`` switch its plays need;

@@ -3,7 +3,8 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
 
-"""Issue 20 defects 1, 4, 5, 7b and 8, in the roles' real task files, without a cluster.
+"""The Kubernetes roles' real task files without a cluster: the GPU wait and node labels, charts and CRDs from a path or a
+mirror, the verifier Job's lifecycle and the wiring contract (first written for issue 20's defects 1, 4, 5, 7b and 8).
 
 The roles run unchanged through ``ansible-playbook``; only the cluster calls are answered by a stand-in
 ``kubernetes.core`` collection put first on the collections path (tests only: its action plugins return the responses

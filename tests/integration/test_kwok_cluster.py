@@ -98,9 +98,8 @@ def cluster(tmp_path_factory):
 
 def _dynamic(api):
     """The collection's dynamic client (discovery in memory: no osrcp-<hash>.json left in the temporary folder)."""
-    sys.path.insert(0, os.path.join(ROOT, "tools"))
-    from _loader import module_utils  # pylint: disable=import-outside-toplevel,import-error
-    return module_utils("epp.local_kube").dynamic_client(api)
+    from ansible_collections.inference_cache.substrate.tests.harness.epp_lab import dynamic_client  # pylint: disable=import-outside-toplevel
+    return dynamic_client(api)
 
 
 @pytest.fixture(scope="module")

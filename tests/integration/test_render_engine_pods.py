@@ -3,7 +3,8 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
 
-"""Issue 16, engine side: what the engines' pods need to start and what the preflight refuses (no cluster).
+"""The engines' pods as rendered: what they need to start and what the preflight refuses (no cluster; first written for
+issue 16, engine side).
 
 One ``playbooks/render.yml`` run renders the cases below that must pass, one more the cases that must be refused
 (each with its one sentence, before anything is rendered). Upstream facts, read in the wheels and at the tags:

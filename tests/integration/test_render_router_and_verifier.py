@@ -3,7 +3,9 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
 
-"""Issue 16 findings 4, 5, 9 and 10 on the router and verifier roles, rendered without a cluster.
+"""The router and verifier roles rendered without a cluster: the render sidecar's served name, P/D refused where the router
+is not in P/D mode, the verifier's ConfigMap applied server-side, the render-case counts in the docs (first written
+for issue 16's findings 4, 5, 9 and 10).
 
 * 4: a served model name that is not the model id: the render sidecar must load the model and answer under the served
   name the token-producer stamps into its requests (llm-d-router@v0.9.0:

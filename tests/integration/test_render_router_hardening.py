@@ -16,7 +16,7 @@
   (``router_ext_proc_source_cidrs``); GKE without them is refused, never a silent bypass (FailOpen). Under
   ``router_impl: gie`` the engines' KV-event port no longer admits the llm-d EPP's label;
 * 4: the GIE data-layer factory rules of ``epp/gie.py``: the cited lines at the tag hold the messages, and the gie build
-  refuses (or takes) each case as ``epp_config_check`` says (the table itself: tests/unit/.../test_epp_gie.py);
+  refuses (or takes) each case as ``epp_config_check`` says (the table itself: tests/unit/plugins/module_utils/epp/test_gie.py);
 * 5: pprof off unless asked (``--enable-pprof=false``), on through ``router_epp_pprof``;
 * 6: chart values the role's templates do not read are refused in one sentence; ``extProcPort`` moves the Service, the
   InferencePool, the container port, ``--grpc-port`` and the NetworkPolicy together.

@@ -20,7 +20,7 @@ import pytest
 
 from ansible_collections.inference_cache.substrate.tests.unit.plugins.net_utils import free_port
 
-TOOL = os.path.join(os.path.dirname(__file__), "..", "..", "..", "..", "roles", "cluster_verify", "files", "cluster_verify.py")
+TOOL = os.path.join(os.path.dirname(__file__), "..", "..", "..", "roles", "cluster_verify", "files", "cluster_verify.py")
 
 
 @pytest.fixture

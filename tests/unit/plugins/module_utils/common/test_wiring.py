@@ -17,7 +17,7 @@ import yaml
 
 from ansible_collections.inference_cache.substrate.plugins.module_utils.common import wiring
 
-ROOT = os.path.join(os.path.dirname(__file__), "..", "..", "..", "..")
+ROOT = os.path.join(os.path.dirname(__file__), "..", "..", "..", "..", "..")
 
 
 def test_topic_form_is_prefix_pod_model():

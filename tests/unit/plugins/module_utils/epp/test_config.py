@@ -7,7 +7,7 @@
 
 The v0.9.0 facts asserted by hand here (field lists, sentences) were read at llm-d/llm-d-router@v0.9.0 (paths in
 each test); the table-driven tests walk the data table in ``_epp_plugins`` and prove that the checker enforces every
-entry of it. test_epp_table.py pins the table itself; test_epp_properties.py feeds generated junk.
+entry of it. test_plugins.py pins the table itself; test_config_properties.py feeds generated junk.
 """
 
 from __future__ import absolute_import, division, print_function

@@ -20,7 +20,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ansible_collections.inference_cache.substrate.plugins.module_utils.epp.config import check_epp_config
-from ansible_collections.inference_cache.substrate.tests.unit.plugins.module_utils.test_epp_config import DISAGG, ENGINE, PRECISE
+from ansible_collections.inference_cache.substrate.tests.unit.plugins.module_utils.epp.test_config import DISAGG, ENGINE, PRECISE
 
 # Text that means a raw Python error reached the sentence.
 NOISE = re.compile(r"Traceback|object has no attribute|object is not (?:subscriptable|iterable|callable)|unsupported operand|"
@@ -102,7 +102,7 @@ def test_any_engine_fact_values(engine):
 
 # router_impl gie: the same promise for the Gateway API Inference Extension EPP's rules (its role-shaped config).
 def _gie_role():
-    from ansible_collections.inference_cache.substrate.tests.unit.plugins.module_utils.test_epp_gie import ROLE
+    from ansible_collections.inference_cache.substrate.tests.unit.plugins.module_utils.epp.test_gie import ROLE
     return ROLE
 
 

@@ -26,7 +26,7 @@ from ansible_collections.inference_cache.substrate.plugins.module_utils.epp impo
 from ansible_collections.inference_cache.substrate.plugins.module_utils.epp.config import (
     ALL_RULES, GIE_RULES, RULES, check_epp_config, check_epp_text)
 from ansible_collections.inference_cache.substrate.plugins.module_utils.epp.schema import fields_at
-from ansible_collections.inference_cache.substrate.tests.unit.plugins.module_utils.test_epp_config import (
+from ansible_collections.inference_cache.substrate.tests.unit.plugins.module_utils.epp.test_config import (
     APPROXIMATE, PRECISE, _example, _leaves, _wrong)
 
 V = "v1.4.0"

@@ -28,7 +28,7 @@ from ansible_collections.inference_cache.substrate.plugins.module_utils.kv.repor
 from ansible_collections.inference_cache.substrate.plugins.module_utils.kv.stream import SequenceTracker
 from ansible_collections.inference_cache.substrate.tests.unit.plugins import waiting
 from ansible_collections.inference_cache.substrate.tests.unit.plugins.sentences import assert_one_sentence
-from ansible_collections.inference_cache.substrate.tools import _kv_synthetic as synth
+from ansible_collections.inference_cache.substrate.tests.harness import kv_synthetic as synth
 
 
 def frames(seq, topic=b"kv@a:1@m", rank=0):

@@ -22,7 +22,7 @@ from ansible_collections.inference_cache.substrate.plugins.module_utils.kv impor
 from ansible_collections.inference_cache.substrate.plugins.module_utils.kv import stream
 from ansible_collections.inference_cache.substrate.plugins.module_utils.kv import consumer as kvc
 from ansible_collections.inference_cache.substrate.plugins.module_utils.kv import sockets as kvz
-from ansible_collections.inference_cache.substrate.tools import _kv_synthetic as synth
+from ansible_collections.inference_cache.substrate.tests.harness import kv_synthetic as synth
 
 ENC = msgspec.msgpack.encode
 BIG = (1 << 64) - 5  # above the int64 range

@@ -26,7 +26,7 @@ from ansible_collections.inference_cache.substrate.tests.unit.plugins.http_serve
 from ansible_collections.inference_cache.substrate.tests.unit.plugins.net_utils import free_port
 from ansible_collections.inference_cache.substrate.tests.unit.plugins.sentences import assert_one_sentence
 from ansible_collections.inference_cache.substrate.tests.unit.plugins.waiting import GatedClock
-from ansible_collections.inference_cache.substrate.tools import _kv_synthetic as synth
+from ansible_collections.inference_cache.substrate.tests.harness import kv_synthetic as synth
 
 
 def params(**kw):

@@ -249,7 +249,7 @@ def test_a_restart_mid_workload_is_a_warning_and_the_check_stays_exact():
     assert all(e["restarts"] == 1 for e in facts["engines"].values())
 
 
-CLUSTER_VERIFY = os.path.join(os.path.dirname(__file__), "..", "..", "..", "..", "roles", "cluster_verify", "files", "cluster_verify.py")
+CLUSTER_VERIFY = os.path.join(os.path.dirname(__file__), "..", "..", "..", "..", "..", "roles", "cluster_verify", "files", "cluster_verify.py")
 
 
 @contextlib.contextmanager

@@ -22,7 +22,7 @@ from ansible_collections.inference_cache.substrate.plugins.module_utils.kv.index
 from ansible_collections.inference_cache.substrate.plugins.module_utils.kv.live_index import LiveIndex, OutOfTime, restart_warning
 from ansible_collections.inference_cache.substrate.tests.unit.plugins.net_utils import free_port
 from ansible_collections.inference_cache.substrate.tests.unit.plugins.sentences import assert_one_sentence
-from ansible_collections.inference_cache.substrate.tools import _kv_synthetic as synth
+from ansible_collections.inference_cache.substrate.tests.harness import kv_synthetic as synth
 
 
 def _frames(seq, events, topic=b"kv@a:1@tiny"):
