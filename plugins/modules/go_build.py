@@ -139,7 +139,7 @@ seconds:
 from ansible_collections.inference_cache.substrate.plugins.module_utils.common.errors import CheckError
 from ansible_collections.inference_cache.substrate.plugins.module_utils.common.module import ansible_module
 from ansible_collections.inference_cache.substrate.plugins.module_utils.common.options import validate
-from ansible_collections.inference_cache.substrate.plugins.module_utils.build.gobuild import GoBuild
+from ansible_collections.inference_cache.substrate.plugins.module_utils.go.build import GoBuild
 
 
 def _packages_problem(packages, name):

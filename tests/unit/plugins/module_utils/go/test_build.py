@@ -3,7 +3,7 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
 
-"""build/gobuild.py (inference_cache.substrate.go_build) against a fake go command that records what it was asked."""
+"""go/build.py (inference_cache.substrate.go_build) against a fake go command that records what it was asked."""
 
 from __future__ import absolute_import, division, print_function
 
@@ -16,8 +16,8 @@ import threading
 import pytest
 
 from ansible_collections.inference_cache.substrate.plugins.module_utils.common.errors import CheckError
-from ansible_collections.inference_cache.substrate.plugins.module_utils.build import gobuild
-from ansible_collections.inference_cache.substrate.plugins.module_utils.build.gobuild import GoBuild
+from ansible_collections.inference_cache.substrate.plugins.module_utils.go import build as gobuild
+from ansible_collections.inference_cache.substrate.plugins.module_utils.go.build import GoBuild
 
 UPSTREAM_GOMOD = """module k8s.io/kubernetes
 
