@@ -321,3 +321,20 @@ def test_file_checksum_and_log_tail(tmp_path):
     log = tmp_path / "engine.log"
     log.write_text("".join("line %d\n" % n for n in range(100)))
     assert S.log_tail(str(log), 3) == ["line 97", "line 98", "line 99"] and S.log_tail(str(tmp_path / "absent")) == []
+
+
+def test_restart_from_the_record_a_role_publishes_stops_and_starts_a_new_process(tmp_path):
+    """What a benchmark does to restart an engine part way, without a playbook: the same launcher, a new process."""
+    service = _service(tmp_path, "exec sleep 300\n")
+    first = service.ensure_started(S.file_checksum(service.files.launcher), "http://127.0.0.1:9/health", "127.0.0.1", [], 20, 5)
+    record = {"name": "engine", "launcher": service.files.launcher, "log": service.files.log, "pidfile": service.files.pidfile,
+              "runfile": service.files.runfile, "health_url": "http://127.0.0.1:9/health", "host": "127.0.0.1", "ports": [],
+              "start_timeout": 20, "stop_timeout": 5}
+    assert set(record) == set(S.SERVICE_KEYS)
+    again = S.restart(record, lambda url: True)
+    assert again["started"] and again["pid"] != first["pid"] and not _alive(first["pid"]) and _alive(again["pid"])
+    assert S.status(service.files)["checksum"] == S.file_checksum(service.files.launcher)
+    with pytest.raises(S.ServiceError) as info:
+        S.restart(dict(record, launcher=None, health_url=""), lambda url: True)
+    assert info.value.msg == ("The service record lacks launcher, health_url; restart it through its role, whose record "
+                              "(local_engine_info.service) has them.")
