@@ -46,7 +46,7 @@ gie-epp: setup  ## Build the Gateway API Inference Extension's EPP and its Infer
 	$(BIN)/ansible-playbook playbooks/go_build.yml
 
 go-build: setup  ## Build every Go program the tests run (kwok cluster, helm, the GIE EPP and its CRDs), once per version
-	$(BIN)/ansible-playbook playbooks/go_build.yml -e '{"kwok_cluster_builds": ["kubernetes", "etcd", "kwok", "helm", "gie"]}'
+	$(BIN)/ansible-playbook playbooks/go_build.yml -e '{"go_builds_names": ["kubernetes", "etcd", "kwok", "helm", "gie"]}'
 
 kwok-teardown: setup  ## Stop the kwok cluster and remove its data (the built binaries stay)
 	$(BIN)/ansible-playbook -i inventories/kwok playbooks/teardown.yml
@@ -151,11 +151,14 @@ study-fleet: setup gie-epp kvcache-probe  ## The routing study at scale: FLEET (
 bench-kv-scale: setup  ## The KV checks at scale: SCALE (32) simulated engines (bursts, evictions, restarts, injected failures), then the largest fleet one checker keeps up with on one core (ARGS: more options)
 	$(BIN)/ansible-playbook benchmarks/bench_kv_scale.yml -e bench_scale=$(or $(SCALE),32) -e bench_args="$(ARGS)"
 
-# The first build fetches github.com/llm-d/llm-d-kv-cache v0.9.0 and its modules through the Go module proxy (go.sum pins them).
-.PHONY: kvcache-probe
-kvcache-probe:  ## Build tools/kvcache_probe (llm-d-kv-cache v0.9.0's own KV-event pool, vLLM adapter and index) into .cache/bin
-	@mkdir -p .cache/bin
-	cd tools/kvcache_probe && go build -trimpath -buildvcs=false -o $(CURDIR)/.cache/bin/kvcache_probe .
+# tools/kvcache_probe: the first build fetches github.com/llm-d/llm-d-kv-cache v0.9.0 and its modules through the Go
+# module proxy (its go.sum pins them); the catalog builds it again when its sources change.
+.PHONY: kvcache-probe gotest
+kvcache-probe: setup  ## Build tools/kvcache_probe (llm-d-kv-cache v0.9.0's own KV-event pool, vLLM adapter and index) through the catalog of Go builds
+	$(BIN)/ansible-playbook playbooks/go_build.yml -e '{"go_builds_names": ["kvcache-probe"]}'
+
+gotest:  ## go test of the collection's own Go program (tools/kvcache_probe)
+	cd tools/kvcache_probe && go test ./...
 
 freeze:  ## Re-pin requirements-dev.txt from the current .venv
 	{ echo "# Pinned development toolchain (controller). Regenerate with: make freeze"; $(BIN)/pip freeze | grep -v '^pip=='; } > requirements-dev.txt

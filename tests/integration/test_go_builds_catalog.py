@@ -22,7 +22,7 @@ from ansible_collections.inference_cache.substrate.plugins.module_utils.common i
 from ansible_collections.inference_cache.substrate.plugins.module_utils.epp import local
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-KEYS = {"name", "module", "version", "packages", "ldflags", "cgo", "staging_version", "needs", "generate", "remedy"}
+KEYS = {"name", "module", "version", "packages", "ldflags", "cgo", "staging_version", "needs", "generate", "remedy", "source"}
 
 
 def _load(name):
@@ -31,15 +31,18 @@ def _load(name):
 
 
 def test_every_entry_is_pinned_and_needs_only_what_comes_before_it():
-    builds, tools = _load("go_builds.yml")["builds"], _load("pinned_versions.yml")["tools"]
+    builds, pins = _load("go_builds.yml")["builds"], _load("pinned_versions.yml")
     names = [b["name"] for b in builds]
     assert len(set(names)) == len(names), names
     for i, build in enumerate(builds):
         assert set(build) <= KEYS and {"name", "module", "version", "packages"} <= set(build), build
-        pin = re.match(r"^\{\{ _substrate_pins\.tools\.(\w+) \}\}$", build["version"])
-        assert pin and pin.group(1) in tools, build["version"]
+        pin = re.match(r"^\{\{ _substrate_pins\.(tools|software)\.(\w+) \}\}$", build["version"])
+        assert pin and pin.group(2) in pins[pin.group(1)], build["version"]
         assert build["packages"] and all("/" not in binary for binary in build["packages"]), build["packages"]
-        assert all(package.startswith(build["module"]) for package in build["packages"].values()), build["packages"]
+        if "source" in build:   # a program of the collection's own, built in its folder (its go.mod names its module)
+            assert os.path.isfile(os.path.join(ROOT, build["source"], "go.mod")), build["source"]
+        else:
+            assert all(package.startswith(build["module"]) for package in build["packages"].values()), build["packages"]
         assert set(build.get("needs", [])) <= set(names[:i]), (build["name"], build.get("needs"))
 
 

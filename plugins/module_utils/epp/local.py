@@ -51,15 +51,13 @@ from urllib.parse import urlsplit
 
 from ..common.errors import CheckError
 from ..common.wiring import GIE_VERSION, ROUTER_IMPLS, ROUTER_VERSION
+from ..go.build import build_dir as _build_dir, state_dir
 from ..service.confine import Confined, ConfinementError, stop_group
 from .local_kube import kube_server, service_account_kubeconfig
 
 IMPLS = tuple(sorted(ROUTER_IMPLS))
 # The EPP's own ports inside its namespace (its defaults: llm-d-router@v0.9.0:cmd/epp/runner/runner.go flags).
 INSIDE_PORTS = {"grpc": 9002, "health": 9003, "metrics": 9090}
-# Where inference_cache.substrate.go_build puts the builds of vars/go_builds.yml (kwok_cluster's state folder):
-# bin/<name>-<version>/.
-BUILDS = os.path.join("~", ".cache", "inference_cache", "kwok_cluster", "bin")
 LLM_D_BUILD = "llm-d-router"
 GIE_BUILD = "gie"
 LLM_D_MODULE = "github.com/llm-d/llm-d-router"
@@ -70,8 +68,9 @@ class EPPError(CheckError):
 
 
 def build_dir(name, version):
-    """The folder of the catalog's build ``name`` at ``version`` (vars/go_builds.yml, built by go_build)."""
-    return os.path.expanduser(os.path.join(BUILDS, "%s-%s" % (name, version)))
+    """The folder of the catalog's build ``name`` at ``version`` (vars/go_builds.yml, built by the go_builds role), where
+    ``go/build.py`` says the builds live."""
+    return _build_dir(state_dir(), name, version)
 
 
 def _executable(path):
@@ -89,7 +88,7 @@ def resolve_binary(given=None, use_env=True):
     if _executable(built):
         return built, None
     return None, ("No EPP binary given and none at %s; set SUBSTRATE_EPP_BINARY to an EPP %s binary, or build it where the Go "
-                  "module proxy serves %s (ansible-playbook playbooks/go_build.yml -e '{\"kwok_cluster_builds\": [\"%s\"]}')." % (
+                  "module proxy serves %s (ansible-playbook playbooks/go_build.yml -e '{\"go_builds_names\": [\"%s\"]}')." % (
                       built, ROUTER_VERSION, LLM_D_MODULE, LLM_D_BUILD))
 
 

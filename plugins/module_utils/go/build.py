@@ -14,8 +14,16 @@ into a fresh folder, the ``generate`` commands in it, then one rename into place
 go command fetches and compiles it, as ``go install`` would (which refuses a module whose proxy lists no versions, as
 the proxy here does for some).
 
+A program of the collection's own (``source``: a folder with its own ``go.mod`` and ``go.sum``, such as
+``tools/kvcache_probe``) is built in that folder instead, its dependencies fetched as its ``go.sum`` pins them; the build
+records the digest of its sources (``.source.sha256`` in the build's folder), and a change of them builds it again.
+
 A build that exists is never redone. Two runs at once build once: the second waits on a lock beside the folder and
 then finds the build there.
+
+Where the builds live is said here once: ``state_dir(home)`` (the folder under the target's HOME holding ``bin/`` and
+``src/``) and ``build_dir(state_dir, name, version)`` (``bin/<name>-<version>``); the go_builds role reaches them through
+the ``go_build_dirs`` filter, the Python that runs an EPP (``epp/local.py``) directly.
 """
 
 from __future__ import absolute_import, division, print_function
@@ -24,6 +32,7 @@ __metaclass__ = type  # pylint: disable=invalid-name
 
 import errno
 import fcntl
+import hashlib
 import json
 import os
 import re
@@ -36,6 +45,34 @@ from ..common.errors import CheckError
 STAGING = re.compile(r"(?m)^\s*(k8s\.io/[A-Za-z0-9._-]+)\s+=>\s+\./staging/")
 GO_DIRECTIVE = re.compile(r"(?m)^go\s+(\S+)")
 OUT = "{out}"   # in a generate command: the folder being built (moved in place afterwards)
+# The builds' folder under a HOME (the collection's first Go builds were the kwok cluster's, hence its name).
+STATE_DIR = os.path.join(".cache", "inference_cache", "kwok_cluster")
+SOURCE_DIGEST = ".source.sha256"   # in a build of a local source: the digest of the sources it was built from
+
+
+def state_dir(home=None):
+    """The folder holding every build (``bin/``) and their sources (``src/``), under ``home`` (default: this HOME)."""
+    return os.path.join(home or os.path.expanduser("~"), STATE_DIR)
+
+
+def build_dir(state, name, version):
+    """The folder of build ``name`` at ``version`` (an entry of vars/go_builds.yml) under the builds' folder ``state``."""
+    return os.path.join(state, "bin", "%s-%s" % (name, version))
+
+
+def source_digest(folder):
+    """SHA-256 over the Go sources, go.mod and go.sum of a local program's folder (its sub-folders too), in path order."""
+    digest = hashlib.sha256()
+    for dirpath, dirnames, filenames in os.walk(folder):
+        dirnames.sort()
+        for name in sorted(filenames):
+            if name.endswith(".go") or name in ("go.mod", "go.sum"):
+                path = os.path.join(dirpath, name)
+                digest.update(os.path.relpath(path, folder).encode("utf-8") + b"\0")
+                with open(path, "rb") as handle:
+                    digest.update(handle.read())
+                digest.update(b"\0")
+    return digest.hexdigest()
 
 
 def _version_tuple(text):
@@ -84,7 +121,22 @@ class GoBuild:
         return dict((name, os.path.join(folder, name)) for name in self.params["packages"])
 
     def built(self):
-        return all(os.path.isfile(path) and os.access(path, os.X_OK) for path in self.binaries().values())
+        if not all(os.path.isfile(path) and os.access(path, os.X_OK) for path in self.binaries().values()):
+            return False
+        if not self.params.get("source"):
+            return True
+        try:
+            with open(os.path.join(self.params["dest"], SOURCE_DIGEST), encoding="utf-8") as handle:
+                return handle.read().strip() == self.digest()
+        except (IOError, OSError):
+            return False
+
+    def digest(self):
+        source = self.params["source"]
+        if not os.path.isfile(os.path.join(source, "go.mod")):
+            raise CheckError("%s holds no go.mod, so %s cannot be built from it; build from a checkout of the collection, whose "
+                             "tools/ the installed collection leaves out." % (source, self.params["module"]))
+        return source_digest(source)
 
     def remedy(self, default):
         """What to do when the module proxy cannot serve the build: the caller's ``remedy`` (its catalog entry's), else ``default``."""
@@ -158,10 +210,11 @@ class GoBuild:
 
     def compile(self, folder):
         go = self.params["go_binary"]
+        where = self.params.get("source") or self.params["src"]
         for name, pkg in self.params["packages"].items():
             argv = [go, "build", "-trimpath", "-buildvcs=false", "-ldflags=" + " ".join(self.params["ldflags"].split()),
                     "-o", os.path.join(folder, name), pkg]
-            code, out, err = self.runner(argv, self.params["src"])
+            code, out, err = self.runner(argv, where)
             if code != 0:
                 raise CheckError("go build of %s (%s) failed: %s." % (pkg, self.params["version"], _tail(err or out)))
 
@@ -174,6 +227,8 @@ class GoBuild:
 
     # -- the whole ---------------------------------------------------------------------------
     def ensure(self):
+        if self.params.get("source"):
+            self.digest()   # one sentence now when the sources are not there
         if self.built():
             return self.result(False, "%s is built in %s." % (self.what(), self.params["dest"]))
         if self.check_mode:
@@ -191,9 +246,16 @@ class GoBuild:
             partial = self.params["dest"].rstrip(os.sep) + ".partial"
             shutil.rmtree(partial, ignore_errors=True)
             os.makedirs(partial)
-            staging = self.write_gomod(self.fetch())
-            self.resolve()
-            self.compile(partial)
+            staging = 0
+            if self.params.get("source"):   # the program's own go.mod and go.sum: go build fetches what they pin
+                digest = self.digest()
+                self.compile(partial)
+                with open(os.path.join(partial, SOURCE_DIGEST), "w", encoding="utf-8") as out:
+                    out.write(digest + "\n")
+            else:
+                staging = self.write_gomod(self.fetch())
+                self.resolve()
+                self.compile(partial)
             self.generate(partial)
             shutil.rmtree(self.params["dest"], ignore_errors=True)
             os.rename(partial, self.params["dest"])

@@ -179,3 +179,29 @@ def test_two_runs_at_once_build_once(tmp_path, monkeypatch):
     assert results["first"]["changed"] and not results["second"]["changed"]
     assert "by another run" in results["second"]["msg"]
     assert [c[0][1] for c in go.calls].count("build") == 1
+
+
+def test_a_program_of_the_collections_own_is_built_in_its_folder_and_again_when_its_sources_change(tmp_path):
+    source = tmp_path / "probe"
+    source.mkdir()
+    (source / "go.mod").write_text("module example.local/probe\n\ngo 1.24\n")
+    (source / "go.sum").write_text("")
+    (source / "main.go").write_text("package main\n\nfunc main() {}\n")
+    go = FakeGo(tmp_path)
+    spec = params(tmp_path, module="kvcache-probe", version="v0.9.0", packages={"kvcache_probe": "."}, source=str(source),
+                  dest=str(tmp_path / "bin" / "kvcache-probe-v0.9.0"), src=str(tmp_path / "src" / "kvcache-probe-v0.9.0"))
+    first = GoBuild(spec, runner=go).ensure()
+    assert first["changed"] and [c[0][1] for c in go.calls] == ["env", "build"] and go.calls[-1][1] == str(source)
+    digest = (tmp_path / "bin" / "kvcache-probe-v0.9.0" / gobuild.SOURCE_DIGEST).read_text().strip()
+    assert digest == gobuild.source_digest(str(source))
+    assert not GoBuild(spec, runner=go).ensure()["changed"]
+    (source / "main.go").write_text("package main\n\nfunc main() { println() }\n")
+    assert GoBuild(spec, runner=go).ensure()["changed"], "a change of the sources builds it again"
+    (source / "go.mod").unlink()
+    with pytest.raises(CheckError, match=r"holds no go\.mod, so kvcache-probe cannot be built from it; build from a checkout"):
+        GoBuild(spec, runner=go).ensure()
+
+
+def test_where_the_builds_live_is_said_once():
+    assert gobuild.state_dir("/home/u") == "/home/u/.cache/inference_cache/kwok_cluster"
+    assert gobuild.build_dir("/s", "gie", "v1.4.0") == "/s/bin/gie-v1.4.0"
