@@ -539,3 +539,19 @@ def allowed_fields(plugin_type, path=(), version=DEFAULT_ROUTER_VERSION):
             raise KeyError("%s takes no parameters" % plugin_type)
         return []
     return fields_at(params, tuple(path))
+
+
+# The llm-d EPP's command-line flags: GIE's (epp/gie.py FLAGS: the same options.go lineage) and three of its own, the
+# gRPC message sizes and stream metrics; its Validate refuses the same five metric flags (deprecatedMetricFlags). Read at
+# llm-d/llm-d-router@v0.9.0:pkg/epp/server/options.go (145-222, 271-306; pkg/common/observability/logging/options.go).
+# epp/flags.py refuses what a user passes.
+REMOVED_FLAGS = ("total-queued-requests-metric", "total-running-requests-metric", "kv-cache-usage-percentage-metric",
+                 "lora-info-metric", "cache-info-metric")
+FLAGS = ("grpc-port", "ha-enable-leader-election", "grpc-max-recv-msg-size", "grpc-max-send-msg-size", "pool-group",
+         "pool-namespace", "pool-name", "endpoint-selector", "endpoint-target-ports", "disable-endpoint-subset-filter",
+         "model-server-metrics-scheme", "model-server-metrics-path", "model-server-metrics-port",
+         "model-server-metrics-https-insecure-skip-verify", "refresh-metrics-interval", "refresh-prometheus-metrics-interval",
+         "metrics-staleness-threshold") + REMOVED_FLAGS + (
+         "v", "zap-devel", "zap-encoder", "zap-log-level", "zap-stacktrace-level", "zap-time-encoding", "tracing",
+         "health-checking", "metrics-port", "grpc-health-port", "enable-pprof", "cert-path", "enable-cert-reload",
+         "enable-grpc-stream-metrics", "secure-serving", "metrics-endpoint-auth", "config-file", "config-text")
