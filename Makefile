@@ -111,13 +111,13 @@ bench-verify: setup  ## How long `make verify` takes on the warm local default (
 	benchmarks/bench_verify.sh $(or $(RUNS),5) $(ARGS)
 
 bench-load: setup  ## kv_index_check's core and a kv_events_check per engine over four real engines (8510-8513, stopped at the end) for MINUTES (10): bursts, evictions, one engine restarted (ARGS: more options of bench_checks_load.py)
-	$(BIN)/ansible-playbook benchmarks/bench_load.yml -e bench_minutes=$(or $(MINUTES),10) -e bench_args="$(ARGS)"
+	$(BIN)/ansible-playbook benchmarks/bench_load.yml -e '{"bench_minutes": $(or $(MINUTES),10), "bench_args": "$(ARGS)"}'
 
 bench-routing: setup gie-epp  ## Routing policies on two real engines (port 8400 on 127.0.0.1 and 127.0.0.2, stopped at the end): the stand-in router, and real EPPs beside it: EPP=gie, EPP=/path/to/llm-d-epp or both (default: llm-d's where it can be had, else GIE's; ARGS: more options)
-	$(BIN)/ansible-playbook benchmarks/bench_routing.yml -e bench_epp="$(EPP)" -e bench_args="$(ARGS)"
+	$(BIN)/ansible-playbook benchmarks/bench_routing.yml -e '{"bench_epp": "$(EPP)", "bench_args": "$(ARGS)"}'
 
 study-routing: setup gie-epp  ## The routing study: every workload of bench-routing, every policy, three seeds, into out/bench-routing/study (table, plots; EPP= as above)
-	$(BIN)/ansible-playbook benchmarks/bench_routing.yml -e bench_epp="$(EPP)" -e bench_args="--workload all --repeats 3 --report $(CURDIR)/out/bench-routing/study $(ARGS)"
+	$(BIN)/ansible-playbook benchmarks/bench_routing.yml -e '{"bench_epp": "$(EPP)", "bench_args": "--workload all --repeats 3 --report $(CURDIR)/out/bench-routing/study $(ARGS)"}'
 
 # The routing study's kwok cluster and EPP configs, which the fleet study below still uses (benchmarks/kwok_cluster.yml).
 BENCH_KWOK := $(BIN)/ansible-playbook benchmarks/kwok_cluster.yml
@@ -149,7 +149,7 @@ study-fleet: setup gie-epp kvcache-probe  ## The routing study at scale: FLEET (
 	  --report $(FLEET_DIR)/study $(ARGS) || rc=$$?
 
 bench-kv-scale: setup  ## The KV checks at scale: SCALE (32) simulated engines (bursts, evictions, restarts, injected failures), then the largest fleet one checker keeps up with on one core (ARGS: more options)
-	$(BIN)/ansible-playbook benchmarks/bench_kv_scale.yml -e bench_scale=$(or $(SCALE),32) -e bench_args="$(ARGS)"
+	$(BIN)/ansible-playbook benchmarks/bench_kv_scale.yml -e '{"bench_scale": $(or $(SCALE),32), "bench_args": "$(ARGS)"}'
 
 # tools/kvcache_probe: the first build fetches github.com/llm-d/llm-d-kv-cache v0.9.0 and its modules through the Go
 # module proxy (its go.sum pins them); the catalog builds it again when its sources change.
