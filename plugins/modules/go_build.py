@@ -58,8 +58,8 @@ options:
     required: true
   source:
     description:
-      - A program of the collection's own to build instead of a module from the proxy (O(module) then names it only): a
-        folder with its own C(go.mod) and C(go.sum), where C(go build) runs and fetches what they pin.
+      - "A program of the collection's own to build instead of a module from the proxy (O(module) then names it only): a
+        folder with its own C(go.mod) and C(go.sum), where C(go build) runs and fetches what they pin."
       - The build records the digest of the folder's Go sources, C(go.mod) and C(go.sum), and a change of them builds it
         again.
     type: path

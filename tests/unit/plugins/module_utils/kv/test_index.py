@@ -3,7 +3,7 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
 
-"""The KV-block index, the approximate predictor and the workload generator (pure functions and classes)."""
+"""kv/index.py: the KV-block index (keys, stores, copies counted, removals, clears) and the cached tokens it predicts."""
 
 from __future__ import absolute_import, division, print_function
 
@@ -11,10 +11,7 @@ __metaclass__ = type  # pylint: disable=invalid-name
 
 import pytest
 
-from ansible_collections.inference_cache.substrate.plugins.module_utils.common.errors import CheckError
 from ansible_collections.inference_cache.substrate.plugins.module_utils.kv import index as kvi
-from ansible_collections.inference_cache.substrate.plugins.module_utils.kv import index_approx as approx
-from ansible_collections.inference_cache.substrate.plugins.module_utils.kv import workload
 from ansible_collections.inference_cache.substrate.plugins.module_utils.kv.events import Event
 
 BS = 4
@@ -175,73 +172,11 @@ def test_predicted_cached_tokens(held, prompt, expected):
 
 
 # -- approximate producer ---------------------------------------------------------------------------
-def test_pseudo_tokens_pack_four_bytes():
-    assert approx.pseudo_tokens("abcd") == (0x64636261,)
-    assert approx.pseudo_tokens("abcde") == (0x64636261, 0x65)
-    assert approx.pseudo_tokens("") == ()
 
 
-@pytest.mark.parametrize("engine_bs, configured, auto, expected", [(32, 16, True, 64), (128, 16, True, 128), (None, 16, True, 64),
-                                                                   (128, 80, False, 80)])
-def test_effective_block_size(engine_bs, configured, auto, expected):
-    assert approx.effective_block_size(engine_bs, configured, auto) == expected
 
-
-def test_block_hashes_include_the_partial_tail_and_model():
-    text = "x" * (64 * 4 * 2 + 5)
-    hashes = approx.block_hashes(text, 64, "tiny")
-    assert len(hashes) == 3
-    assert approx.block_hashes(text[:64 * 4], 64, "tiny") == hashes[:1]
-    assert approx.block_hashes(text, 64, "other")[0] != hashes[0]
-    assert approx.block_hashes(text, 64, "tiny", cache_salt="s")[0] != hashes[0]
-
-
-def test_predictor_greedy_match_and_lru():
-    pred = approx.ApproxPrefixPredictor(64, capacity=3)
-    pred.routed("a", [1, 2, 3])
-    pred.routed("b", [1, 9])
-    assert pred.match([1, 2, 3, 4]) == {"a": 3, "b": 1}
-    assert pred.match([5, 1]) == {}
-    pred.routed("a", [7])        # evicts the least recently used entry of a (hash 1)
-    assert pred.forgotten == 1
-    # The walk goes on while any engine has the block and counts every engine that has it, consecutive or not.
-    assert pred.match([1, 2]) == {"b": 1, "a": 1}
-    assert pred.match([2, 3]) == {"a": 2}
-    pred.set_capacity("c", 1)
-    pred.routed("c", [5, 6])     # 5 is evicted from c's LRU at once, yet recorded for c after it (as upstream's Add)
-    assert pred.match([5, 6]) == {"c": 2}
 
 
 # -- workload ---------------------------------------------------------------------------------------
-def test_workload_is_deterministic_and_mixed():
-    steps = workload.build(["a", "b"])
-    again = workload.build(["a", "b"])
-    assert [(s.family, s.kind, s.base, s.tail, s.targets) for s in steps] == [(s.family, s.kind, s.base, s.tail, s.targets) for s in again]
-    assert len(steps) == 48
-    kinds = set(s.kind for s in steps)
-    assert kinds == {"prefix", "suffix", "repeat"}
-    assert sum(len(s.targets) for s in steps) >= 50
-    assert any(len(s.targets) == 2 for s in steps)
-    assert len(set(s.base for s in steps)) == 8
-    assert all(s.base.split("\n")[0] == steps[0].base.split("\n")[0] for s in steps)   # one shared preamble
-    assert workload.build(["a", "b"], {"seed": 1})[0].base != steps[0].base
 
 
-def test_workload_one_engine():
-    steps = workload.build(["a"], {"families": 2, "rounds": 2})
-    assert all(s.targets == ["a"] for s in steps)
-
-
-@pytest.mark.parametrize("params, message", [
-    ({"families": 0}, "workload.families must be at least 1, got 0."),
-    ({"fan_out_every": -1}, "workload.fan_out_every must be at least 0, got -1."),
-    ({"rounds": "x"}, "workload.rounds must be an integer, got 'x'."),
-    ({"other": 1}, "workload has unknown keys other; known: families, fan_out_every, move_every, "),
-    ("3", "workload must be a mapping, got '3'."),
-])
-def test_workload_validation(params, message):
-    with pytest.raises(CheckError) as info:
-        workload.build(["a"], params)
-    assert info.value.msg.startswith(message), info.value.msg
-    with pytest.raises(ValueError, match="at least one engine"):
-        workload.build([])
