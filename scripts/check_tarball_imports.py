@@ -55,8 +55,8 @@ def problems_of(rel, tree, files, dirs, missing_modules, missing_top):
                 base = os.path.dirname(base)
             stem = base + ("/" + node.module.replace(".", "/") if node.module else "")
             if node.module and not _exists(files, dirs, stem):
-                found.append("%s line %d imports from %s%s, which the tarball lacks (%s.py)" % (rel, node.lineno, "." * node.level,
-                                                                                                 node.module, stem))
+                found.append("%s line %d imports from %s%s, which the tarball lacks (%s.py)" % (
+                    rel, node.lineno, "." * node.level, node.module, stem))
             continue
         if isinstance(node, ast.Import):
             names = [alias.name for alias in node.names]

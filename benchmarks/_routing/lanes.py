@@ -201,7 +201,7 @@ class GIELane(EPPLane):
                                     "kwok cluster (--kubeconfig; benchmarks/bench_routing.yml starts one), not %r." % (self.kubeconfig,))
         try:
             self.pool = epp_lab.GIEPool(self.kubeconfig, epp_lab.rendered_pool(self.pool_manifests),
-                                          [(s["name"], s["host"]) for s in self.specs], name=GIE_POOL, namespace=GIE_NAMESPACE, port=self.port)
+                                        [(s["name"], s["host"]) for s in self.specs], name=GIE_POOL, namespace=GIE_NAMESPACE, port=self.port)
             self.pool.apply(crds=_epp_local.gie_crds())
         except Exception as exc:  # pylint: disable=broad-except
             raise errors.CheckError("The GIE EPP's InferencePool could not be set up in the kwok cluster: %s" % (

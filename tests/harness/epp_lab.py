@@ -116,8 +116,6 @@ def wait_subscribed(relays, counts, timeout=30.0):
     raise EPPError("The KV-event relays saw these subscriptions only: %s." % [(r.public_endpoint, r.subscriptions) for r in relays])
 
 
-
-
 def rendered_pool(path):
     """The InferencePool of the router role's rendered manifests at ``path`` (router_impl gie)."""
     import yaml  # pylint: disable=import-outside-toplevel
@@ -134,8 +132,6 @@ def rendered_pool(path):
     return pools[0]
 
 
-
-
 def dynamic_client(api_client):
     """kubernetes.dynamic's client without its discovery cache file: by default it writes ``osrcp-<hash>.json`` into the
     temporary folder on every first use and never removes it; here discovery is kept in memory for the process."""
@@ -146,8 +142,6 @@ def dynamic_client(api_client):
             pass
 
     return dynamic.DynamicClient(api_client, discoverer=InMemoryDiscoverer)
-
-
 
 
 class GIEPool:

@@ -303,12 +303,12 @@ def test_every_configuration_gets_a_tag_of_one_token_count():
 
 def test_the_engines_file_of_the_playbook_gives_each_engine_and_its_service_record(tmp_path):
     """What benchmarks/bench_routing.yml writes (local_engine_instances) is what the bench runs on, and restarts through."""
-    published = {"bench-b": {"url": "http://127.0.0.2:8400", "kv_subscriber": {"endpoint": "tcp://127.0.0.1:5802", "socket_mode": "bind",
-                                                                             "topic": "kv@127.0.0.2:8400@tiny",
-                                                                             "replay_endpoint": "tcp://127.0.0.1:5803"},
+    sub_b = {"endpoint": "tcp://127.0.0.1:5802", "socket_mode": "bind", "topic": "kv@127.0.0.2:8400@tiny",
+             "replay_endpoint": "tcp://127.0.0.1:5803"}
+    sub_a = {"endpoint": "tcp://127.0.0.1:5800", "socket_mode": "bind", "topic": "kv@127.0.0.1:8400@tiny", "replay_endpoint": None}
+    published = {"bench-b": {"url": "http://127.0.0.2:8400", "kv_subscriber": sub_b,
                              "service": {"name": "engine", "launcher": "/run/bench-b/engine.sh"}},
-                 "bench-a": {"url": "http://127.0.0.1:8400", "kv_subscriber": {"endpoint": "tcp://127.0.0.1:5800", "socket_mode": "bind",
-                                                                             "topic": "kv@127.0.0.1:8400@tiny", "replay_endpoint": None}}}
+                 "bench-a": {"url": "http://127.0.0.1:8400", "kv_subscriber": sub_a}}
     path = tmp_path / "engines.json"
     path.write_text(__import__("json").dumps({"engines": published}))
     a, b = B._lab.load_engines(str(path))   # pylint: disable=protected-access

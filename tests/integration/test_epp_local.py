@@ -306,7 +306,8 @@ def test_a_gie_epp_needs_a_kubeconfig(tmp_path, stand_in):
 
 
 def test_a_runner_killed_while_its_program_is_slow_to_stop_leaves_no_sockets_folder(confinable, tmp_path):  # pylint: disable=unused-argument
-    """A confined program's runner (the simulated_engine role's ``files/confined.py``, a simulated engine's service) gets SIGTERM, then SIGKILL when it has not exited within the
+    """A confined program's runner (the simulated_engine role's ``files/confined.py``, a simulated engine's service) gets
+    SIGTERM, then SIGKILL when it has not exited within the
     service's stop timeout (local_service; the simulated engine's is 10 s), while the program it confines is still
     stopping. The bridge's sockets' folder, in the temporary folder, is gone by then: it goes at SIGTERM, not after the
     program has exited (a CI run found one left behind)."""

@@ -17,7 +17,8 @@ parameter fields, their JSON types) come from each implementation's per-version 
 another (plugin references, the precise producer and its token producer, data-layer wiring) and to the engines is the
 table of rules in :mod:`.rules` (``ALL_RULES``, ``RULES``, ``GIE_RULES``, importable from here too).
 
-The result a check returns, and the sentence guards, are :mod:`.findings`'s. This file is the engine that applies them: :class:`_Config` walks a config and yields the subjects in the order the EPP
+The result a check returns, and the sentence guards, are :mod:`.findings`'s. This file is the engine that applies them:
+:class:`_Config` walks a config and yields the subjects in the order the EPP
 meets them (a kind of subject and its fields, read as the EPP reads them: :mod:`.values`); :func:`_evaluate` applies
 every rule of the implementation to each subject; :func:`check_epp_config` checks the caller's arguments first.
 

@@ -65,5 +65,5 @@ def flag_refusal(impl, given, owned=None, what="the flags given"):
                      "built around it" % ", ".join("%s (from %s)" % (name, owned[name]) for name in found["owned"]))
     if not parts:
         return ""
-    return "%s cannot pass %s to the %s: %s." % (what, ", ".join(found["unknown"] + found["removed"] + found["owned"]),
-                                                EPPS[impl]["name"], "; ".join(parts))
+    refused = found["unknown"] + found["removed"] + found["owned"]
+    return "%s cannot pass %s to the %s: %s." % (what, ", ".join(refused), EPPS[impl]["name"], "; ".join(parts))

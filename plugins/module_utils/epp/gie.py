@@ -383,10 +383,11 @@ PRECISE_MODE = (
 # (tests/integration/test_render_router_hardening.py holds both against it). epp/flags.py refuses what a user passes.
 REMOVED_FLAGS = ("total-queued-requests-metric", "total-running-requests-metric", "kv-cache-usage-percentage-metric",
                  "lora-info-metric", "cache-info-metric")
-FLAGS = ("grpc-port", "ha-enable-leader-election", "pool-group", "pool-namespace", "pool-name", "endpoint-selector",
-         "endpoint-target-ports", "disable-endpoint-subset-filter", "model-server-metrics-scheme", "model-server-metrics-path",
-         "model-server-metrics-port", "model-server-metrics-https-insecure-skip-verify", "refresh-metrics-interval",
-         "refresh-prometheus-metrics-interval", "metrics-staleness-threshold") + REMOVED_FLAGS + (
-         "v", "zap-devel", "zap-encoder", "zap-log-level", "zap-stacktrace-level", "zap-time-encoding", "tracing",
-         "health-checking", "metrics-port", "grpc-health-port", "enable-pprof", "cert-path", "enable-cert-reload", "secure-serving",
-         "metrics-endpoint-auth", "config-file", "config-text")
+FLAGS = (
+    "grpc-port", "ha-enable-leader-election", "pool-group", "pool-namespace", "pool-name", "endpoint-selector",
+    "endpoint-target-ports", "disable-endpoint-subset-filter", "model-server-metrics-scheme", "model-server-metrics-path",
+    "model-server-metrics-port", "model-server-metrics-https-insecure-skip-verify", "refresh-metrics-interval",
+    "refresh-prometheus-metrics-interval", "metrics-staleness-threshold") + REMOVED_FLAGS + (
+    "v", "zap-devel", "zap-encoder", "zap-log-level", "zap-stacktrace-level", "zap-time-encoding", "tracing",
+    "health-checking", "metrics-port", "grpc-health-port", "enable-pprof", "cert-path", "enable-cert-reload", "secure-serving",
+    "metrics-endpoint-auth", "config-file", "config-text")

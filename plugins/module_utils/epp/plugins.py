@@ -547,11 +547,12 @@ def allowed_fields(plugin_type, path=(), version=DEFAULT_ROUTER_VERSION):
 # epp/flags.py refuses what a user passes.
 REMOVED_FLAGS = ("total-queued-requests-metric", "total-running-requests-metric", "kv-cache-usage-percentage-metric",
                  "lora-info-metric", "cache-info-metric")
-FLAGS = ("grpc-port", "ha-enable-leader-election", "grpc-max-recv-msg-size", "grpc-max-send-msg-size", "pool-group",
-         "pool-namespace", "pool-name", "endpoint-selector", "endpoint-target-ports", "disable-endpoint-subset-filter",
-         "model-server-metrics-scheme", "model-server-metrics-path", "model-server-metrics-port",
-         "model-server-metrics-https-insecure-skip-verify", "refresh-metrics-interval", "refresh-prometheus-metrics-interval",
-         "metrics-staleness-threshold") + REMOVED_FLAGS + (
-         "v", "zap-devel", "zap-encoder", "zap-log-level", "zap-stacktrace-level", "zap-time-encoding", "tracing",
-         "health-checking", "metrics-port", "grpc-health-port", "enable-pprof", "cert-path", "enable-cert-reload",
-         "enable-grpc-stream-metrics", "secure-serving", "metrics-endpoint-auth", "config-file", "config-text")
+FLAGS = (
+    "grpc-port", "ha-enable-leader-election", "grpc-max-recv-msg-size", "grpc-max-send-msg-size", "pool-group",
+    "pool-namespace", "pool-name", "endpoint-selector", "endpoint-target-ports", "disable-endpoint-subset-filter",
+    "model-server-metrics-scheme", "model-server-metrics-path", "model-server-metrics-port",
+    "model-server-metrics-https-insecure-skip-verify", "refresh-metrics-interval", "refresh-prometheus-metrics-interval",
+    "metrics-staleness-threshold") + REMOVED_FLAGS + (
+    "v", "zap-devel", "zap-encoder", "zap-log-level", "zap-stacktrace-level", "zap-time-encoding", "tracing",
+    "health-checking", "metrics-port", "grpc-health-port", "enable-pprof", "cert-path", "enable-cert-reload",
+    "enable-grpc-stream-metrics", "secure-serving", "metrics-endpoint-auth", "config-file", "config-text")

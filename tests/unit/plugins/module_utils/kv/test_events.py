@@ -289,7 +289,6 @@ def test_replay_reply_malformed(reply):
 # --- sequence bookkeeping -----------------------------------------------------------------------
 
 
-
 def test_stats_facts():
     dec = kv.KVDecoder()
     stats = report.KVStats()
@@ -354,7 +353,6 @@ def test_events_of_wrong_shapes_never_crash(events, rank, as_map, include_token_
     facts = stats.facts()
     json.dumps(facts)
     assert sum(facts["counts"].values()) + facts["malformed"]["count"] + sum(facts["unknown_event_types"].values()) == len(events)
-
 
 
 def test_streams_and_topics_are_bounded():

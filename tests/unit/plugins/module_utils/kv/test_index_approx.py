@@ -14,19 +14,16 @@ import pytest
 from ansible_collections.inference_cache.substrate.plugins.module_utils.kv import index_approx as approx
 
 
-
 def test_pseudo_tokens_pack_four_bytes():
     assert approx.pseudo_tokens("abcd") == (0x64636261,)
     assert approx.pseudo_tokens("abcde") == (0x64636261, 0x65)
     assert approx.pseudo_tokens("") == ()
 
 
-
 @pytest.mark.parametrize("engine_bs, configured, auto, expected", [(32, 16, True, 64), (128, 16, True, 128), (None, 16, True, 64),
                                                                    (128, 80, False, 80)])
 def test_effective_block_size(engine_bs, configured, auto, expected):
     assert approx.effective_block_size(engine_bs, configured, auto) == expected
-
 
 
 def test_block_hashes_include_the_partial_tail_and_model():
@@ -36,7 +33,6 @@ def test_block_hashes_include_the_partial_tail_and_model():
     assert approx.block_hashes(text[:64 * 4], 64, "tiny") == hashes[:1]
     assert approx.block_hashes(text, 64, "other")[0] != hashes[0]
     assert approx.block_hashes(text, 64, "tiny", cache_salt="s")[0] != hashes[0]
-
 
 
 def test_predictor_greedy_match_and_lru():
@@ -53,4 +49,3 @@ def test_predictor_greedy_match_and_lru():
     pred.set_capacity("c", 1)
     pred.routed("c", [5, 6])     # 5 is evicted from c's LRU at once, yet recorded for c after it (as upstream's Add)
     assert pred.match([5, 6]) == {"c": 2}
-

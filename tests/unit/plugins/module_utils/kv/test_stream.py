@@ -12,7 +12,6 @@ __metaclass__ = type  # pylint: disable=invalid-name
 from ansible_collections.inference_cache.substrate.plugins.module_utils.kv import stream
 
 
-
 def test_sequence_gaps_restarts_duplicates():
     tr = stream.SequenceTracker()
     assert tr.observe("t", 0, 5)[0] == "first"  # joined late: not a gap
@@ -31,13 +30,11 @@ def test_sequence_gaps_restarts_duplicates():
     assert facts["restarts"] == [{"stream": "t#0", "topic": "t", "rank": 0, "from": 9, "to": 0}]
 
 
-
 def test_restart_with_missed_start_is_a_gap():
     tr = stream.SequenceTracker()
     tr.observe("t", 0, 10)
     state, gap = tr.observe("t", 0, 3)
     assert state == "restart" and (gap["start"], gap["end"]) == (0, 2)
-
 
 
 def test_tail_recorded_and_late_live_copies_are_duplicates():
@@ -52,4 +49,3 @@ def test_tail_recorded_and_late_live_copies_are_duplicates():
     assert tr.record_tail("t#0", []) is None
     facts = tr.facts()
     assert facts["gaps"]["tail"] == {"found": 1, "batches": 3} and facts["seq"]["t#0"] == {"first": 0, "last": 6, "batches": 3}  # live ones
-

@@ -15,7 +15,6 @@ from ansible_collections.inference_cache.substrate.plugins.module_utils.common.e
 from ansible_collections.inference_cache.substrate.plugins.module_utils.kv import workload
 
 
-
 def test_workload_is_deterministic_and_mixed():
     steps = workload.build(["a", "b"])
     again = workload.build(["a", "b"])
@@ -30,11 +29,9 @@ def test_workload_is_deterministic_and_mixed():
     assert workload.build(["a", "b"], {"seed": 1})[0].base != steps[0].base
 
 
-
 def test_workload_one_engine():
     steps = workload.build(["a"], {"families": 2, "rounds": 2})
     assert all(s.targets == ["a"] for s in steps)
-
 
 
 @pytest.mark.parametrize("params, message", [
@@ -50,4 +47,3 @@ def test_workload_validation(params, message):
     assert info.value.msg.startswith(message), info.value.msg
     with pytest.raises(ValueError, match="at least one engine"):
         workload.build([])
-
