@@ -27,10 +27,11 @@ if [ "$shared" = 1 ]; then
 fi
 engine=$(printf '{"local_engine_port": %d, "local_engine_kv_events_endpoint": "tcp://127.0.0.1:%d", "local_engine_kv_events_replay_endpoint": "tcp://127.0.0.1:%d"}' \
   "${PORT:-8500}" "${KV_PORT:-5900}" "${REPLAY_PORT:-5901}")
+# shellcheck disable=SC2317  # run by the EXIT trap
 stop() {
   "$root/.venv/bin/ansible-playbook" -i "$root/inventories/local" "$root/playbooks/teardown.yml" -e "$engine" > "$home/teardown.log" 2>&1 \
     || { echo "teardown failed; its output:"; tail -40 "$home/teardown.log"; }
-  [ "$keep" = 1 ] && echo "the fresh HOME is kept: $home" || rm -rf "$home"
+  if [ "$keep" = 1 ]; then echo "the fresh HOME is kept: $home"; else rm -rf "$home"; fi
 }
 trap stop EXIT
 trap 'exit 130' INT TERM

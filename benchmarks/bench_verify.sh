@@ -13,5 +13,5 @@ folder=$(mktemp -d "${TMPDIR:-/tmp}/bench-verify.XXXXXX")
 trap 'rm -rf "$folder"' EXIT
 load=$(cut -d' ' -f1 /proc/loadavg)
 "$root/benchmarks/time_playbook.sh" "$folder" "$runs" "$root/playbooks/verify.yml" "$@" \
-  || { echo "make verify failed; its output ends:"; tail -40 "$(ls -t "$folder"/run-*.log | head -1)"; exit 1; }
+  || { echo "make verify failed; its output ends:"; tail -40 "$folder/run-$(wc -l < "$folder/runs.tsv").log"; exit 1; }
 exec "$root/.venv/bin/python" "$root/benchmarks/bench_verify.py" --report "$folder" --load "$load" ${LIMIT:+--limit "$LIMIT"} ${JSON:+--json}
