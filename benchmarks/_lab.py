@@ -16,14 +16,18 @@
 
 from __future__ import absolute_import, division, print_function
 
+import importlib.util
 import json
 import os
-import runpy
 import time
 from urllib.parse import urlsplit
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-runpy.run_path(os.path.join(ROOT, "plugins", "module_utils", "_loader.py"))["collection"]()
+_LOADER_SPEC = importlib.util.spec_from_file_location(
+    "inference_cache_substrate_loader", os.path.join(ROOT, "plugins", "module_utils", "_loader.py"))
+_LOADER = importlib.util.module_from_spec(_LOADER_SPEC)
+_LOADER_SPEC.loader.exec_module(_LOADER)
+_LOADER.collection()
 
 from ansible_collections.inference_cache.substrate.plugins.module_utils.common.errors import CheckError  # noqa: E402  pylint: disable=wrong-import-position
 from ansible_collections.inference_cache.substrate.plugins.module_utils.http.openai import OpenAIClient, OpenAIHTTPError  # noqa: E402  pylint: disable=wrong-import-position

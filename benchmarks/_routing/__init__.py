@@ -22,12 +22,16 @@ The collection's Python is imported by its full name, made importable by its one
 
 from __future__ import absolute_import, division, print_function
 
+import importlib.util
 import os
-import runpy
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BENCHMARKS = os.path.join(ROOT, "benchmarks")
 if BENCHMARKS not in sys.path:
     sys.path.insert(0, BENCHMARKS)
-module_utils = runpy.run_path(os.path.join(ROOT, "plugins", "module_utils", "_loader.py"))["module_utils"]
+_LOADER_SPEC = importlib.util.spec_from_file_location(
+    "inference_cache_substrate_loader", os.path.join(ROOT, "plugins", "module_utils", "_loader.py"))
+_LOADER = importlib.util.module_from_spec(_LOADER_SPEC)
+_LOADER_SPEC.loader.exec_module(_LOADER)
+module_utils = _LOADER.module_utils

@@ -12,10 +12,15 @@ The collection's Python is imported one way: by its full name,
 benchmarks, the roles' programs), and relatively between the files of ``plugins/module_utils``. Ansible and the tests
 find that name on a collections path. A program started from a checkout or a copied folder (the hand-run tools, the
 benchmarks, the in-cluster verifier, the roles' daemons, a confined program's side inside its network namespace) first
-makes the name importable with this file, found beside its own path::
+makes the name importable with this file, found beside its own path (by its file, not ``runpy.run_path``, which
+Ansible's path hooks turn away)::
 
-    import os, runpy
-    runpy.run_path(os.path.join(COLLECTION_ROOT, "plugins", "module_utils", "_loader.py"))["collection"]()
+    import importlib.util, os
+    _LOADER_SPEC = importlib.util.spec_from_file_location(
+        "inference_cache_substrate_loader", os.path.join(COLLECTION_ROOT, "plugins", "module_utils", "_loader.py"))
+    _LOADER = importlib.util.module_from_spec(_LOADER_SPEC)
+    _LOADER_SPEC.loader.exec_module(_LOADER)
+    _LOADER.collection()
 
 ``collection()`` registers ``ansible_collections.inference_cache.substrate`` at the collection root this file sits in,
 unless that name can be imported already (an installed collection, the tests' own), and returns the root.

@@ -43,9 +43,9 @@ from __future__ import absolute_import, division, print_function
 __metaclass__ = type  # pylint: disable=invalid-name
 
 import argparse
+import importlib.util
 import json
 import os
-import runpy
 import socket
 import sys
 import time
@@ -54,8 +54,11 @@ import time
 # file's place in the collection (roles/cluster_verify/files/): in the Job the ConfigMap mounts both at the same relative
 # paths. module_utils("kv.events_check") loads ansible_collections.inference_cache.substrate.plugins.module_utils.kv.events_check
 # where it is used, so a check whose libraries the image lacks fails alone.
-module_utils = runpy.run_path(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..", "plugins", "module_utils",
-                                           "_loader.py"))["module_utils"]
+_LOADER_SPEC = importlib.util.spec_from_file_location(
+    "inference_cache_substrate_loader", os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..", "plugins", "module_utils", "_loader.py"))
+_LOADER = importlib.util.module_from_spec(_LOADER_SPEC)
+_LOADER_SPEC.loader.exec_module(_LOADER)
+module_utils = _LOADER.module_utils
 
 
 def _errors():

@@ -10,12 +10,16 @@ a service of local_service. Everything but reading the arguments is ``plugins/mo
 from __future__ import absolute_import, division, print_function
 
 import argparse
+import importlib.util
 import os
-import runpy
 import sys
 
 # The collection's Python by its full name, through its one loader (this file is roles/local_router/files/ of it).
-runpy.run_path(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..", "plugins", "module_utils", "_loader.py"))["collection"]()
+_LOADER_SPEC = importlib.util.spec_from_file_location(
+    "inference_cache_substrate_loader", os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..", "plugins", "module_utils", "_loader.py"))
+_LOADER = importlib.util.module_from_spec(_LOADER_SPEC)
+_LOADER_SPEC.loader.exec_module(_LOADER)
+_LOADER.collection()
 from ansible_collections.inference_cache.substrate.plugins.module_utils.epp import local  # noqa: E402  pylint: disable=wrong-import-position
 
 

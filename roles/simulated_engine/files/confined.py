@@ -14,13 +14,17 @@ SPEC (JSON): what ``plugins/module_utils/service/confine.run`` takes. Everything
 
 from __future__ import absolute_import, division, print_function
 
+import importlib.util
 import json
 import os
-import runpy
 import sys
 
 # The collection's Python by its full name, through its one loader (this file is roles/simulated_engine/files/ of it).
-runpy.run_path(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..", "plugins", "module_utils", "_loader.py"))["collection"]()
+_LOADER_SPEC = importlib.util.spec_from_file_location(
+    "inference_cache_substrate_loader", os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..", "plugins", "module_utils", "_loader.py"))
+_LOADER = importlib.util.module_from_spec(_LOADER_SPEC)
+_LOADER_SPEC.loader.exec_module(_LOADER)
+_LOADER.collection()
 from ansible_collections.inference_cache.substrate.plugins.module_utils.service import confine  # noqa: E402  pylint: disable=wrong-import-position
 
 

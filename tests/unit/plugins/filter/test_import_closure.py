@@ -162,7 +162,7 @@ def test_the_filter_is_offered_under_its_name():
 def test_absolute_imports_of_the_collection_and_its_loader_are_followed(tmp_path):
     """A script that imports the collection by its full name brings those modules, their packages and the package's loader."""
     root = make(tmp_path, tree={
-        "roles/r/files/tool.py": "import runpy\nfrom ansible_collections.inference_cache.substrate.plugins.module_utils.kv import x\n"
+        "roles/r/files/tool.py": "import importlib.util\nfrom ansible_collections.inference_cache.substrate.plugins.module_utils.kv import x\n"
                                  "import ansible_collections.inference_cache.substrate.plugins.module_utils.common.y as y\n",
         "plugins/module_utils/_loader.py": "", "plugins/module_utils/kv/__init__.py": "", "plugins/module_utils/kv/x.py": "",
         "plugins/module_utils/common/__init__.py": "", "plugins/module_utils/common/y.py": "", "plugins/module_utils/common/z.py": ""})

@@ -17,8 +17,12 @@ import sys
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", "..", ".."))
 SCRIPT = """
-import os, runpy, sys
-root = runpy.run_path(os.path.join(%r, "plugins", "module_utils", "_loader.py"))["collection"]()
+import importlib.util, os, sys
+_LOADER_SPEC = importlib.util.spec_from_file_location(
+    "inference_cache_substrate_loader", os.path.join(%r, "plugins", "module_utils", "_loader.py"))
+_LOADER = importlib.util.module_from_spec(_LOADER_SPEC)
+_LOADER_SPEC.loader.exec_module(_LOADER)
+root = _LOADER.collection()
 from ansible_collections.inference_cache.substrate.plugins.module_utils.common import wiring
 from ansible_collections.inference_cache.substrate.plugins.module_utils.kv import engines
 print(root == %r, wiring.__file__.startswith(%r), engines.named([{"url": "http://h:1"}])[0]["name"])

@@ -11,7 +11,6 @@ __metaclass__ = type  # pylint: disable=invalid-name
 
 import pytest
 
-from ansible_collections.inference_cache.substrate.plugins.filter.epp_flags import epp_flag_refusal
 from ansible_collections.inference_cache.substrate.plugins.module_utils.epp import flags, gie, plugins
 from ansible_collections.inference_cache.substrate.tests.unit.plugins.sentences import assert_one_sentence
 
@@ -45,10 +44,3 @@ def test_the_refusal_is_one_sentence_naming_each_kind():
         "itself, and a second value would silently win over the role's or contradict what it built around it.")
     assert "a, b are not flags of it" in flags.flag_refusal("gie", ["a", "b"])
 
-
-def test_the_filter_is_the_same_and_refuses_what_it_cannot_read():
-    assert epp_flag_refusal({"bogus": 1}, "gie") == flags.flag_refusal("gie", ["bogus"])
-    with pytest.raises(Exception, match=r"^epp_flag_refusal knows the EPPs gie, llm-d, not 'other'\.$"):
-        epp_flag_refusal({}, "other")
-    with pytest.raises(Exception, match=r"^epp_flag_refusal takes the flags given"):
-        epp_flag_refusal("--v=3", "gie")
