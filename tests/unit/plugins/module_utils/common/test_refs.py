@@ -51,4 +51,3 @@ def test_image_parts(ref, name, tag, hub, leaf, host, path):
 def test_chart_ref(ref, version, repo, default, want):
     got = refs.chart_ref(ref, version, repo, default)
     assert dict((k, got[k]) for k in want) == want
-

@@ -43,4 +43,3 @@ def test_the_refusal_is_one_sentence_naming_each_kind():
         "engineConfigs of the EndpointPickerConfig's metrics extractor instead); the role sets v (from router_epp_log_verbosity) "
         "itself, and a second value would silently win over the role's or contradict what it built around it.")
     assert "a, b are not flags of it" in flags.flag_refusal("gie", ["a", "b"])
-
