@@ -72,7 +72,7 @@ def _upstream_root():
     found = next((p for p in [os.path.join(root, GIE) for root in _GOMOD_ROOTS if root] if os.path.isdir(p)), None)
     if found is not None:
         return found
-    go = shutil.which("go")   # as the kwok_cluster role's go_build (kwok_cluster_go_binary: go)
+    go = shutil.which("go")   # as the go_builds role's go_build (go_builds_go_binary: go)
     if go is None:
         pytest.skip("the %s source is not in a Go module cache and no go command is on PATH to fetch it" % GIE)
     with tempfile.TemporaryDirectory() as outside_any_module:
