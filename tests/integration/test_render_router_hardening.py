@@ -50,7 +50,7 @@ GATEWAY = {"gateway.networking.k8s.io/gateway-name": "inference-gateway"}
 VERIFIER = {"app.kubernetes.io/component": "kv-events-verifier"}
 with open(os.path.join(ROOT, "roles", "router", "vars", "main.yml")) as _handle:
     ROLE_VARS = yaml.safe_load(_handle)
-# The pinned EPPs' flag tables, in Python beside their citations (epp/plugins.py, epp/gie.py), which the role asks.
+# The pinned EPPs' flag tables, in Python beside their citations (epp/llm_d.py, epp/gie.py), which the role asks.
 FLAGS = flags.EPPS
 OWNED = ROLE_VARS["_router_owned_flags"]
 

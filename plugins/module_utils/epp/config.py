@@ -39,7 +39,7 @@ except ImportError:  # pragma: no cover - check_epp_text needs it; check_epp_con
     yaml = None
 
 from . import gie
-from .plugins import INPUT, REFUSED, SEMANTICS
+from .llm_d import INPUT, REFUSED, SEMANTICS
 from .rules import (
     API_VERSION, DEFAULT_ENGINE_TYPE, DEFAULT_ROUTER_IMPL, GIE, IMPLS, KIND, LLM_D, PRECISE_LEGACY_SCORER, PRECISE_PRODUCER,
     PRECISE_TYPES, PREFIX_SCORER, RULES_BY_IMPL, TOKEN_PRODUCER)

@@ -16,7 +16,7 @@ __metaclass__ = type  # pylint: disable=invalid-name
 
 import re
 
-from .plugins import DEFAULT_ROUTER_VERSION, REFUSED, WARNING
+from .llm_d import DEFAULT_ROUTER_VERSION, REFUSED, WARNING
 from .rules import DEFAULT_ROUTER_IMPL
 from .schema import show
 

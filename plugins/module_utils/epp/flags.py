@@ -7,7 +7,7 @@
 
 """What each pinned EPP takes on its command line (pure Python, no Ansible).
 
-The flag tables live beside each EPP's other tables, with their citations (``epp/plugins.py`` FLAGS and REMOVED_FLAGS for
+The flag tables live beside each EPP's other tables, with their citations (``epp/llm_d.py`` FLAGS and REMOVED_FLAGS for
 the llm-d EPP v0.9.0, ``epp/gie.py`` for the GIE EPP v1.4.0). ``flag_problems(impl, given, owned)`` sorts the flags a user
 gives into those the EPP does not define (an unknown flag stops it at start), those it refuses (the removed metric flags),
 and those the caller sets itself (``owned``: flag -> who sets it; a second value would silently win); ``flag_refusal``
@@ -19,10 +19,10 @@ from __future__ import absolute_import, division, print_function
 __metaclass__ = type  # pylint: disable=invalid-name
 
 from ..common.wiring import GIE_VERSION, ROUTER_VERSION
-from . import gie, plugins
+from . import gie, llm_d
 
 EPPS = {
-    "llm-d": {"name": "llm-d EPP %s" % ROUTER_VERSION, "flags": plugins.FLAGS, "removed_flags": plugins.REMOVED_FLAGS},
+    "llm-d": {"name": "llm-d EPP %s" % ROUTER_VERSION, "flags": llm_d.FLAGS, "removed_flags": llm_d.REMOVED_FLAGS},
     "gie": {"name": "GIE EPP %s" % GIE_VERSION, "flags": gie.FLAGS, "removed_flags": gie.REMOVED_FLAGS},
 }
 

@@ -58,8 +58,8 @@ from __future__ import absolute_import, division, print_function
 __metaclass__ = type  # pylint: disable=invalid-name
 
 from ..common import wiring
-from .plugins import PLUGINS as LLM_D_PLUGINS
-from .plugins import REFUSED, WARNING, ROUTER_VERSION as LLM_D_VERSION
+from .llm_d import PLUGINS as LLM_D_PLUGINS
+from .llm_d import REFUSED, WARNING, ROUTER_VERSION as LLM_D_VERSION
 from .schema import ANY, BOOL, GO_DURATION, NANOSECONDS, STR, enum, integer, list_of, number, obj
 from .values import as_list, is_mapping, param
 

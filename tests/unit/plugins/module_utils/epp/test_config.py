@@ -7,7 +7,7 @@
 
 The v0.9.0 facts asserted by hand here (field lists, sentences) were read at llm-d/llm-d-router@v0.9.0 (paths in
 each test); the table-driven tests walk the data table in ``_epp_plugins`` and prove that the checker enforces every
-entry of it. test_plugins.py pins the table itself; test_config_properties.py feeds generated junk.
+entry of it. test_llm_d.py pins the table itself; test_config_properties.py feeds generated junk.
 """
 
 from __future__ import absolute_import, division, print_function
@@ -19,7 +19,7 @@ import copy
 import pytest
 
 from ansible_collections.inference_cache.substrate.plugins.module_utils.epp.config import check_epp_config
-from ansible_collections.inference_cache.substrate.plugins.module_utils.epp.plugins import PLUGINS, plugin_types
+from ansible_collections.inference_cache.substrate.plugins.module_utils.epp.llm_d import PLUGINS, plugin_types
 
 ENGINE = {"block_size": 32, "hash_seed": "42", "topic": "kv@$(POD_IP):8000@Qwen/Qwen3-0.6B", "kv_events_port": 5557,
           "engine_type": "vllm", "kv_events_enabled": True}
@@ -711,7 +711,7 @@ def test_deprecations_are_warnings_and_engine_arguments_are_input():
 
 
 def test_every_behaviour_rule_is_a_known_kind_with_a_pinned_source():
-    from ansible_collections.inference_cache.substrate.plugins.module_utils.epp.plugins import BEHAVIOUR, KINDS
+    from ansible_collections.inference_cache.substrate.plugins.module_utils.epp.llm_d import BEHAVIOUR, KINDS
     for rule, (kind, sentence, source) in BEHAVIOUR["v0.9.0"].items():
         assert kind in KINDS, rule
         assert sentence.endswith("."), rule
@@ -827,7 +827,7 @@ UNREACHABLE = {"engine-type"}
 
 def test_every_rule_has_a_case_and_every_case_a_rule():
     from ansible_collections.inference_cache.substrate.plugins.module_utils.epp.config import RULES
-    from ansible_collections.inference_cache.substrate.plugins.module_utils.epp.plugins import SEMANTICS
+    from ansible_collections.inference_cache.substrate.plugins.module_utils.epp.llm_d import SEMANTICS
     names = [rule.name for rule in RULES]
     assert len(names) == len(set(names)), "rule names are unique"
     assert set(names) == set(RULE_CASES) | UNREACHABLE
@@ -837,7 +837,7 @@ def test_every_rule_has_a_case_and_every_case_a_rule():
 @pytest.mark.parametrize("name", sorted(RULE_CASES))
 def test_each_rule_fires_with_its_kind(name):
     from ansible_collections.inference_cache.substrate.plugins.module_utils.epp.config import RULES
-    from ansible_collections.inference_cache.substrate.plugins.module_utils.epp.plugins import BEHAVIOUR
+    from ansible_collections.inference_cache.substrate.plugins.module_utils.epp.llm_d import BEHAVIOUR
     base, fn, engine, mode = RULE_CASES[name]
     result = check_epp_config(mutate(base, fn), engine=engine, mode=mode)
     assert name in result.rules, (name, result.findings)
@@ -851,7 +851,7 @@ def test_each_rule_fires_with_its_kind(name):
 
 def test_every_behaviour_entry_is_a_rule_or_the_empty_config():
     from ansible_collections.inference_cache.substrate.plugins.module_utils.epp.config import RULES
-    from ansible_collections.inference_cache.substrate.plugins.module_utils.epp.plugins import BEHAVIOUR
+    from ansible_collections.inference_cache.substrate.plugins.module_utils.epp.llm_d import BEHAVIOUR
     used = set(rule.behaviour for rule in RULES if rule.behaviour)
     assert used | {"empty-config"} == set(BEHAVIOUR["v0.9.0"])
 

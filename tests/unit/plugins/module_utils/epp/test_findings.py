@@ -10,7 +10,7 @@ from __future__ import absolute_import, division, print_function
 __metaclass__ = type  # pylint: disable=invalid-name
 
 from ansible_collections.inference_cache.substrate.plugins.module_utils.epp import findings as F
-from ansible_collections.inference_cache.substrate.plugins.module_utils.epp.plugins import REFUSED, WARNING
+from ansible_collections.inference_cache.substrate.plugins.module_utils.epp.llm_d import REFUSED, WARNING
 
 
 def test_findings_are_filed_by_kind_and_refused_ones_stop_the_epp():

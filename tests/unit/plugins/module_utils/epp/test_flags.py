@@ -11,17 +11,17 @@ __metaclass__ = type  # pylint: disable=invalid-name
 
 import pytest
 
-from ansible_collections.inference_cache.substrate.plugins.module_utils.epp import flags, gie, plugins
+from ansible_collections.inference_cache.substrate.plugins.module_utils.epp import flags, gie, llm_d
 from ansible_collections.inference_cache.substrate.tests.unit.plugins.sentences import assert_one_sentence
 
 OWNED = {"pool-name": "router_release_name", "v": "router_epp_log_verbosity"}
 
 
 def test_the_tables_are_each_epps_own():
-    assert flags.EPPS["gie"]["flags"] is gie.FLAGS and flags.EPPS["llm-d"]["flags"] is plugins.FLAGS
-    assert set(plugins.FLAGS) - set(gie.FLAGS) == {"grpc-max-recv-msg-size", "grpc-max-send-msg-size", "enable-grpc-stream-metrics"}
-    assert set(gie.REMOVED_FLAGS) <= set(gie.FLAGS) and plugins.REMOVED_FLAGS == gie.REMOVED_FLAGS
-    assert len(set(plugins.FLAGS)) == len(plugins.FLAGS) and len(set(gie.FLAGS)) == len(gie.FLAGS)
+    assert flags.EPPS["gie"]["flags"] is gie.FLAGS and flags.EPPS["llm-d"]["flags"] is llm_d.FLAGS
+    assert set(llm_d.FLAGS) - set(gie.FLAGS) == {"grpc-max-recv-msg-size", "grpc-max-send-msg-size", "enable-grpc-stream-metrics"}
+    assert set(gie.REMOVED_FLAGS) <= set(gie.FLAGS) and llm_d.REMOVED_FLAGS == gie.REMOVED_FLAGS
+    assert len(set(llm_d.FLAGS)) == len(llm_d.FLAGS) and len(set(gie.FLAGS)) == len(gie.FLAGS)
 
 
 @pytest.mark.parametrize("impl, given, found", [

@@ -22,7 +22,7 @@ import re
 import pytest
 
 from ansible_collections.inference_cache.substrate.plugins.module_utils.epp import gie
-from ansible_collections.inference_cache.substrate.plugins.module_utils.epp import plugins as llmd
+from ansible_collections.inference_cache.substrate.plugins.module_utils.epp import llm_d as llmd
 from ansible_collections.inference_cache.substrate.plugins.module_utils.epp.config import (
     ALL_RULES, GIE_RULES, RULES, check_epp_config, check_epp_text)
 from ansible_collections.inference_cache.substrate.plugins.module_utils.epp.schema import fields_at

@@ -16,7 +16,7 @@ __metaclass__ = type  # pylint: disable=invalid-name
 
 import pytest
 
-from ansible_collections.inference_cache.substrate.plugins.module_utils.epp.plugins import (
+from ansible_collections.inference_cache.substrate.plugins.module_utils.epp.llm_d import (
     CONFIG_SCHEMA, DEFAULT_ROUTER_VERSION, KV_CACHE_REF, PLUGINS, ROUTER_VERSIONS, allowed_fields, plugin_types)
 from ansible_collections.inference_cache.substrate.plugins.module_utils.epp.schema import fields_at
 
