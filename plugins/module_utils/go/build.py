@@ -158,8 +158,8 @@ class GoBuild:
         go = self.params["go_binary"]
         try:
             code, out, err = self.runner([go, "env", "GOVERSION"], None)
-        except OSError as exc:
-            code, out, err = 127, "", str(exc)
+        except OSError as exc:   # its reason alone: the path is named in the sentence
+            code, out, err = 127, "", exc.strerror or str(exc)
         version = (out or "").strip()
         if code != 0 or not version.startswith("go"):
             raise CheckError("Building %s needs Go %s or later as %s (%s): install Go (https://go.dev/dl) or set the Go binary "
