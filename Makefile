@@ -101,8 +101,10 @@ argspecs: setup  ## meta/argument_specs.yml of every role matches its defaults/m
 # `always`) or one Python entry over module_utils; none runs ansible-playbook (benchmarks/_lab.py restarts an engine through
 # the service record its role published). `make bench` runs the Python entries that need nothing started (each skips, with
 # one sentence, what needs engines); bench_site.py and bench_verify.py report the playbook runs of their .sh drivers.
-bench: setup  ## Benchmarks (print numbers; not part of `make test`)
-	@for b in $(filter-out benchmarks/bench_site.py benchmarks/bench_verify.py,$(wildcard benchmarks/bench_*.py)); do echo "== $$b"; $(BIN)/python $$b || exit 1; done
+# The benchmarks a playbook drives (benchmarks/<name>.yml: it starts what they measure and stops it) run through their targets.
+BENCH_BY_PLAYBOOK := bench_site.py bench_verify.py bench_checks_load.py bench_routing.py bench_kv_scale.py
+bench: setup bench-load bench-routing bench-kv-scale  ## Benchmarks (print numbers; not part of `make test`): those their playbooks drive, then the others
+	@for b in $(filter-out $(addprefix benchmarks/,$(BENCH_BY_PLAYBOOK)),$(wildcard benchmarks/bench_*.py)); do echo "== $$b"; $(BIN)/python $$b || exit 1; done
 
 bench-site: setup  ## Where a first `make site` spends its time: site.yml on a fresh HOME (install, model build, engine start, first verification, the rest), then the second run (changed=0, under 20 s); engine on 8500, stopped at the end (ARGS: --keep-home, --no-shared-cache, --json)
 	benchmarks/bench_site.sh $(ARGS)
