@@ -801,11 +801,7 @@ def test_verifier_job_subscribes_as_the_published_subscriber_says(run):
 
 
 def test_verifier_configmap_carries_the_tools_import_closure(run):
-    sys.path.insert(0, os.path.join(ROOT, "plugins", "filter"))
-    try:
-        import import_closure  # pylint: disable=import-error,import-outside-toplevel
-    finally:
-        sys.path.pop(0)
+    from ansible_collections.inference_cache.substrate.plugins.filter import import_closure  # pylint: disable=import-outside-toplevel
     files = import_closure.import_closure(["roles/cluster_verify/files/cluster_verify.py"], ROOT)
     _args, config, job = _verifier(run, "verify-report")
     assert sorted(config["data"]) == sorted(f.replace("/", ".") for f in files)
