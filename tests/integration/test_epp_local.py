@@ -167,7 +167,7 @@ def _tables(pid):
 
 
 def test_confined_epp_serves_and_reaches_through_loopback_and_listens_nowhere_here(confinable, engines, stand_in, tmp_path):  # pylint: disable=unused-argument
-    epp = L.EPP(stand_in, {"plugins": []}, engines, str(tmp_path))
+    epp = L.EPP(stand_in, epp_lab.file_discovery({"plugins": []}, engines, str(tmp_path)), engines, str(tmp_path))
     with epp:
         answer = _get("http://%s/" % epp.address)
         assert answer["port"] == L.INSIDE_PORTS["grpc"], answer
@@ -190,7 +190,7 @@ def test_a_confined_epp_runs_from_a_folder_too_long_for_a_unix_socket(confinable
     folder = tmp_path / ("deep-" * 8) / ("state-" * 8)
     folder.mkdir(parents=True)
     assert len(os.path.join(str(folder), "serve-0.sock")) > 107
-    epp = L.EPP(stand_in, {"plugins": []}, engines, str(folder))
+    epp = L.EPP(stand_in, epp_lab.file_discovery({"plugins": []}, engines, str(folder)), engines, str(folder))
     with epp:
         assert len(_get("http://%s/" % epp.address)["said"]) == 2
         sockets = epp.confined.sockets
@@ -200,7 +200,7 @@ def test_a_confined_epp_runs_from_a_folder_too_long_for_a_unix_socket(confinable
 
 def test_unconfined_epp_listens_here_which_the_test_would_see(engines, stand_in, tmp_path):
     """The control: asked to run unconfined, the same program's listeners are in this namespace's table."""
-    epp = L.EPP(stand_in, {"plugins": []}, engines, str(tmp_path), confine=False)
+    epp = L.EPP(stand_in, epp_lab.file_discovery({"plugins": []}, engines, str(tmp_path)), engines, str(tmp_path), confine=False)
     with epp:
         answer = _get("http://%s/" % epp.address)
         assert len(answer["said"]) == 2
