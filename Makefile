@@ -46,7 +46,7 @@ gie-epp: setup  ## Build the Gateway API Inference Extension's EPP and its Infer
 	$(BIN)/ansible-playbook playbooks/go_build.yml
 
 go-build: setup  ## Build every Go program the tests run (kwok cluster, helm, the GIE EPP and its CRDs), once per version
-	$(BIN)/ansible-playbook playbooks/go_build.yml -e '{"kwok_cluster_builds": ["kubernetes", "etcd", "kwok", "helm", "gie"]}'
+	$(BIN)/ansible-playbook playbooks/go_build.yml -e '{"go_builds_names": ["kubernetes", "etcd", "kwok", "helm", "gie"]}'
 
 kwok-teardown: setup  ## Stop the kwok cluster and remove its data (the built binaries stay)
 	$(BIN)/ansible-playbook -i inventories/kwok playbooks/teardown.yml
@@ -97,65 +97,33 @@ changelog: setup  ## antsibull-changelog lint
 argspecs: setup  ## meta/argument_specs.yml of every role matches its defaults/main.yml
 	$(BIN)/python scripts/check_argument_specs.py
 
-# bench_site.py installs and starts an engine on a fresh HOME (minutes): `make bench-site` runs it, `make bench` does not.
-bench: setup  ## Benchmarks (print numbers; not part of `make test`)
-	@for b in $(filter-out benchmarks/bench_site.py,$(wildcard benchmarks/bench_*.py)); do echo "== $$b"; $(BIN)/python $$b || exit 1; done
+# Each benchmark is a client of the collection: one playbook (its engines started, the benchmark, everything stopped in
+# `always`) or one Python entry over module_utils; none runs ansible-playbook (benchmarks/_lab.py restarts an engine through
+# the service record its role published). `make bench` runs the Python entries that need nothing started (each skips, with
+# one sentence, what needs engines); bench_site.py and bench_verify.py report the playbook runs of their .sh drivers.
+# The benchmarks a playbook drives (benchmarks/<name>.yml: it starts what they measure and stops it) run through their targets.
+BENCH_BY_PLAYBOOK := bench_site.py bench_verify.py bench_checks_load.py bench_routing.py bench_kv_scale.py
+bench: setup bench-load bench-routing bench-kv-scale  ## Benchmarks (print numbers; not part of `make test`): those their playbooks drive, then the others
+	@for b in $(filter-out $(addprefix benchmarks/,$(BENCH_BY_PLAYBOOK)),$(wildcard benchmarks/bench_*.py)); do echo "== $$b"; $(BIN)/python $$b || exit 1; done
 
-bench-site: setup  ## Where a first `make site` spends its time: site.yml on a fresh HOME (install, model build, engine start, first verification, the rest), then the second run (changed=0, under 20 s); engine on 8500, stopped at the end (ARGS: more options)
-	$(BIN)/python benchmarks/bench_site.py $(ARGS)
+bench-site: setup  ## Where a first `make site` spends its time: site.yml on a fresh HOME (install, model build, engine start, first verification, the rest), then the second run (changed=0, under 20 s); engine on 8500, stopped at the end (ARGS: --keep-home, --no-shared-cache, --json)
+	benchmarks/bench_site.sh $(ARGS)
 
-bench-verify: setup  ## How long `make verify` takes on the warm local default (run `make site` first): min, median, max of RUNS (5), the slowest tasks
-	$(BIN)/python benchmarks/bench_verify.py --runs $(or $(RUNS),5) $(ARGS)
+bench-verify: setup  ## How long `make verify` takes on the warm local default (run `make site` first): min, median, max of RUNS (5), the slowest tasks (ARGS: more ansible-playbook arguments)
+	benchmarks/bench_verify.sh $(or $(RUNS),5) $(ARGS)
 
-# Four engines of playbooks/kv_index.yml (72 KV blocks each) on ports of their own (8510-8513, replay 5911-5917), each
-# binding its KV-event endpoint (an ipc:// path under out/bench-load), so that kv_index_check's core and one
-# kv_events_check per engine subscribe to the same stream; the restart stops and starts one engine part way.
-BENCH_LOAD_DIR := $(CURDIR)/out/bench-load
-BENCH_LOAD_FILE := $(BENCH_LOAD_DIR)/engines.json
-BENCH_LOAD_JSON := {"kv_index_engines": [{"instance": "load-a", "port": 8510, "kv_events_port": 5910, "replay_port": 5911, "kv_events_endpoint": "ipc://$(BENCH_LOAD_DIR)/load-a.kv"}, {"instance": "load-b", "port": 8511, "kv_events_port": 5912, "replay_port": 5913, "kv_events_endpoint": "ipc://$(BENCH_LOAD_DIR)/load-b.kv"}, \
-  {"instance": "load-c", "port": 8512, "kv_events_port": 5914, "replay_port": 5915, "kv_events_endpoint": "ipc://$(BENCH_LOAD_DIR)/load-c.kv"}, {"instance": "load-d", "port": 8513, "kv_events_port": 5916, "replay_port": 5917, "kv_events_endpoint": "ipc://$(BENCH_LOAD_DIR)/load-d.kv"}]}
-BENCH_LOAD_ENGINES := $(BIN)/ansible-playbook playbooks/kv_index.yml -e @$(BENCH_LOAD_FILE) -e kv_index_run_check=false
-BENCH_LOAD_RESTART := $(BENCH_LOAD_ENGINES) -e kv_index_only={engine}
-
-bench-load: setup  ## kv_index_check's core and a kv_events_check per engine over four real engines (8510-8513, stopped at the end) for MINUTES (10): bursts, evictions, one engine restarted (ARGS: more options)
-	@mkdir -p $(BENCH_LOAD_DIR) && printf '%s\n' '$(BENCH_LOAD_JSON)' > $(BENCH_LOAD_FILE); \
-	rc=0; stop() { $(BENCH_LOAD_ENGINES) -e kv_index_state=absent || { [ $$rc != 0 ] || rc=1; }; }; \
-	trap 'stop; exit $$rc' EXIT; trap 'rc=130; exit' INT TERM; \
-	$(BENCH_LOAD_ENGINES) || { rc=$$?; exit; }; \
-	$(BIN)/python benchmarks/bench_checks_load.py --require --engines-file $(BENCH_LOAD_FILE) --minutes $(or $(MINUTES),10) \
-	  --restart-command "$(BENCH_LOAD_RESTART) -e kv_index_state=absent && $(BENCH_LOAD_RESTART) -e kv_index_state=present" $(ARGS) || rc=$$?
-
-# Two engines of playbooks/kv_index.yml on ports of their own (not those of `make test`: 8000, 8300-8301, 5557-5558, 5700-5703):
-# one port, 8400, on 127.0.0.1 and 127.0.0.2 (an InferencePool, the GIE EPP's, has one target port for all its pods; the
-# llm-d EPP tells endpoints apart by address and dials one KV port on each: 5810, through relays), both with
-# --enable-scale-out (the llm-d EPP's token producer reads /v1/completions/render).
-BENCH_ROUTING_JSON := {"kv_index_engines": [{"instance": "bench-a", "port": 8400, "kv_events_port": 5800, "replay_port": 5801}, {"instance": "bench-b", "host": "127.0.0.2", "port": 8400, "kv_events_port": 5802, "replay_port": 5803}], "local_engine_extra_args": ["--enable-scale-out"], "local_engine_env": {"VLLM_SERVER_DEV_MODE": "1"}}
-BENCH_ROUTING_FILE := $(CURDIR)/out/bench-routing/engines.json
-BENCH_ROUTING_ENGINES := -e @$(BENCH_ROUTING_FILE)
-# The restart workload stops and starts one engine part way ({engine}: its instance name).
-BENCH_RESTART := $(BIN)/ansible-playbook playbooks/kv_index.yml $(BENCH_ROUTING_ENGINES) -e kv_index_only={engine} -e kv_index_run_check=false
-BENCH_EPP_DIR := $(CURDIR)/out/bench-routing/epp
-BENCH_EPP_RENDER := -e bench_epp_dir=$(BENCH_EPP_DIR) -e bench_epp_token_url=http://127.0.0.1:8400 \
-  -e '{"bench_epp_engine": {"served_model_name": "tiny", "block_size": 32, "hash_seed": "0", "topic": "kv@127.0.0.1:8400@tiny", "kv_events_port": 5810}}'
-BENCH_EPP_CONFIGS := $(foreach m,precise precise-speculative approximate approximate-equal,--epp-config $(m)=$(BENCH_EPP_DIR)/$(m)/router/epp-config.yaml) \
-  $(foreach m,gie gie-equal,--gie-config $(m)=$(BENCH_EPP_DIR)/$(m)/router/epp-config.yaml)
-# The GIE EPP's kwok cluster (benchmarks/kwok_cluster.yml, started and stopped by bench_routing.py; stopped here too if
-# it is still there at the end).
-BENCH_KWOK := $(BIN)/ansible-playbook benchmarks/kwok_cluster.yml
-BENCH_KWOK_DIR := $(HOME)/.cache/inference_cache/kwok_cluster/clusters/substrate-bench
+bench-load: setup  ## kv_index_check's core and a kv_events_check per engine over four real engines (8510-8513, stopped at the end) for MINUTES (10): bursts, evictions, one engine restarted (ARGS: more options of bench_checks_load.py)
+	$(BIN)/ansible-playbook benchmarks/bench_load.yml -e '{"bench_minutes": $(or $(MINUTES),10), "bench_args": "$(ARGS)"}'
 
 bench-routing: setup gie-epp  ## Routing policies on two real engines (port 8400 on 127.0.0.1 and 127.0.0.2, stopped at the end): the stand-in router, and real EPPs beside it: EPP=gie, EPP=/path/to/llm-d-epp or both (default: llm-d's where it can be had, else GIE's; ARGS: more options)
-	@mkdir -p $(dir $(BENCH_ROUTING_FILE)) && printf '%s\n' '$(BENCH_ROUTING_JSON)' > $(BENCH_ROUTING_FILE); \
-	rc=0; stop() { $(BIN)/ansible-playbook playbooks/kv_index.yml $(BENCH_ROUTING_ENGINES) -e kv_index_state=absent || { [ $$rc != 0 ] || rc=1; }; \
-	  [ ! -d $(BENCH_KWOK_DIR) ] || $(BENCH_KWOK) -e kwok_cluster_state=absent || { [ $$rc != 0 ] || rc=1; }; }; \
-	trap 'stop; exit $$rc' EXIT; trap 'rc=130; exit' INT TERM; \
-	$(BIN)/ansible-playbook benchmarks/epp_configs.yml $(BENCH_EPP_RENDER) || { rc=$$?; exit; }; \
-	$(BIN)/ansible-playbook playbooks/kv_index.yml $(BENCH_ROUTING_ENGINES) -e kv_index_run_check=false || { rc=$$?; exit; }; \
-	$(BIN)/python benchmarks/bench_routing.py --require $(foreach e,$(EPP),--epp $(e)) $(BENCH_EPP_CONFIGS) \
-	  --restart-command "$(BENCH_RESTART) -e kv_index_state=absent && $(BENCH_RESTART) -e kv_index_state=present" $(ARGS) || rc=$$?
+	$(BIN)/ansible-playbook benchmarks/bench_routing.yml -e '{"bench_epp": "$(EPP)", "bench_args": "$(ARGS)"}'
 
-study-routing: setup  ## The routing study: every workload of bench-routing, every policy, three seeds, into out/bench-routing/study (table, plots; EPP= as above)
-	@$(MAKE) --no-print-directory bench-routing ARGS="--workload all --repeats 3 --report $(CURDIR)/out/bench-routing/study $(ARGS)"
+study-routing: setup gie-epp  ## The routing study: every workload of bench-routing, every policy, three seeds, into out/bench-routing/study (table, plots; EPP= as above)
+	$(BIN)/ansible-playbook benchmarks/bench_routing.yml -e '{"bench_epp": "$(EPP)", "bench_args": "--workload all --repeats 3 --report $(CURDIR)/out/bench-routing/study $(ARGS)"}'
+
+# The routing study's kwok cluster and EPP configs, which the fleet study below still uses (benchmarks/kwok_cluster.yml).
+BENCH_KWOK := $(BIN)/ansible-playbook benchmarks/kwok_cluster.yml
+BENCH_KWOK_DIR := $(HOME)/.cache/inference_cache/kwok_cluster/clusters/substrate-bench
 
 # The routing study at scale (benchmarks/bench_fleet.py) over FLEET (16) simulated engines of roles/simulated_engine
 # (llm-d-inference-sim v0.10.2, built on first use; 127.0.1.1-16 on port 9100, confined to loopback), each with 640 KV
@@ -182,29 +150,17 @@ study-fleet: setup gie-epp kvcache-probe  ## The routing study at scale: FLEET (
 	  --epp gie --gie-config gie=$(FLEET_DIR)/epp/gie/router/epp-config.yaml --gie-pool $(FLEET_DIR)/epp/gie/router/manifests.yaml \
 	  --report $(FLEET_DIR)/study $(ARGS) || rc=$$?
 
-# The KV checks at scale (benchmarks/bench_kv_scale.py): kv_events_check and kv_index_check's index over SCALE (32) simulated
-# engines (127.0.1.101 on, 64 blocks each so that every engine evicts, 5% of requests failed on purpose) for a minute of
-# traffic, bursts and two engine restarts; then synthetic publishers against the index checker on one CPU.
-SCALE ?= 32
-SCALE_DIR := $(CURDIR)/out/bench-kv-scale
-SCALE_ENGINES := $(BIN)/ansible-playbook playbooks/simulated_engines.yml -e simulated_engine_name=scale -e simulated_engine_count=$(SCALE) \
-  -e simulated_engine_first_address=127.0.1.101 -e simulated_engine_block_size=16 -e simulated_engine_kv_cache_size=64 \
-  -e simulated_engine_max_model_len=1024 -e simulated_engine_max_num_seqs=4 -e simulated_engine_prefill_time_per_token=200us \
-  -e simulated_engine_failure_injection_rate=5 -e '{"simulated_engine_failure_types": ["server_error", "rate_limit"]}'
-
 bench-kv-scale: setup  ## The KV checks at scale: SCALE (32) simulated engines (bursts, evictions, restarts, injected failures), then the largest fleet one checker keeps up with on one core (ARGS: more options)
-	@mkdir -p $(SCALE_DIR); rc=0; stop() { $(SCALE_ENGINES) -e simulated_engine_state=absent || { [ $$rc != 0 ] || rc=1; }; }; \
-	trap 'stop; exit $$rc' EXIT; trap 'rc=130; exit' INT TERM; \
-	$(SCALE_ENGINES) -e simulated_engine_report_path=$(SCALE_DIR)/engines.json || { rc=$$?; exit; }; \
-	$(BIN)/python benchmarks/bench_kv_scale.py --require --part fleet,capacity --engines-file $(SCALE_DIR)/engines.json --cpu 0 \
-	  --restart-command "$(SCALE_ENGINES) -e simulated_engine_only={engine} -e simulated_engine_state=absent && $(SCALE_ENGINES) -e simulated_engine_only={engine}" \
-	  $(ARGS) || rc=$$?
+	$(BIN)/ansible-playbook benchmarks/bench_kv_scale.yml -e '{"bench_scale": $(or $(SCALE),32), "bench_args": "$(ARGS)"}'
 
-# The first build fetches github.com/llm-d/llm-d-kv-cache v0.9.0 and its modules through the Go module proxy (go.sum pins them).
-.PHONY: kvcache-probe
-kvcache-probe:  ## Build tools/kvcache_probe (llm-d-kv-cache v0.9.0's own KV-event pool, vLLM adapter and index) into .cache/bin
-	@mkdir -p .cache/bin
-	cd tools/kvcache_probe && go build -trimpath -buildvcs=false -o $(CURDIR)/.cache/bin/kvcache_probe .
+# tools/kvcache_probe: the first build fetches github.com/llm-d/llm-d-kv-cache v0.9.0 and its modules through the Go
+# module proxy (its go.sum pins them); the catalog builds it again when its sources change.
+.PHONY: kvcache-probe gotest
+kvcache-probe: setup  ## Build tools/kvcache_probe (llm-d-kv-cache v0.9.0's own KV-event pool, vLLM adapter and index) through the catalog of Go builds
+	$(BIN)/ansible-playbook playbooks/go_build.yml -e '{"go_builds_names": ["kvcache-probe"]}'
+
+gotest:  ## go test of the collection's own Go program (tools/kvcache_probe)
+	cd tools/kvcache_probe && go test ./...
 
 freeze:  ## Re-pin requirements-dev.txt from the current .venv
 	{ echo "# Pinned development toolchain (controller). Regenerate with: make freeze"; $(BIN)/pip freeze | grep -v '^pip=='; } > requirements-dev.txt

@@ -7,21 +7,18 @@
 
 ``write(folder, runs, title)`` writes runs.jsonl (the rows as given), summary.json (``summarize``: mean, min and max
 over the seeds of each (workload, policy)), report.md (``markdown``: one table per workload) and two bar charts,
-hit_rate.svg and ttft_p50.svg (``svg_bars``: plain SVG, no plotting library). Standard library only, and deterministic:
-the same rows give the same files.
+hit_rate.svg and ttft_p50.svg, drawn by the benchmarks' one plotting path (``_routing/plots.py``, matplotlib, deterministic
+SVG): the same rows give the same files.
 """
 
 from __future__ import absolute_import, division, print_function
 
 import json
 import os
-from xml.sax.saxutils import escape
+
+from _routing import plots
 
 METRICS = ("hit_rate", "cached_per_request", "ttft_ms_p50", "ttft_ms_p90", "held_longest_share")
-
-# One colour per policy, in first-seen order (a colour-blind-safe palette, then greys).
-COLOURS = ("#4477aa", "#ee6677", "#228833", "#ccbb44", "#66ccee", "#aa3377", "#bbbbbb", "#555555", "#999933",
-           "#882255")
 
 DASH = "\u2013"  # en dash, between a min and a max
 
@@ -117,104 +114,6 @@ def markdown(summary, title, notes=()):
     return "\n".join(lines)
 
 
-def _x(text):
-    """Text escaped for XML content and attribute values."""
-    return escape(str(text), {'"': "&quot;"})
-
-
-def _nice_top(value):
-    """The smallest of 1, 2, 2.5, 5 times a power of ten that is at least value (1 when value is not positive)."""
-    if value <= 0:
-        return 1.0
-    power = 1.0
-    while power * 10 < value:
-        power *= 10
-    while power > value:
-        power /= 10
-    for step in (1, 2, 2.5, 5, 10):
-        if power * step >= value:
-            return power * step
-    return power * 10
-
-
-def _tick(value):
-    """A number without trailing zeros."""
-    return "%.6g" % value
-
-
-def svg_bars(summary, metric, title, unit, percent=False):
-    """A standalone SVG grouped bar chart of one metric: a group per workload, a bar per policy (the mean, with a
-    min-max error bar), a y axis with 5 ticks and a legend. A missing value leaves its slot empty."""
-    workloads, policies = _workloads(summary), _policies(summary)
-    cells = {(row["workload"], row["policy"]): row.get(metric) or {} for row in summary}
-    scale = 100.0 if percent else 1.0
-
-    def value(stats, key):
-        return None if stats.get(key) is None else stats[key] * scale
-
-    highest = max([value(s, k) for s in cells.values() for k in ("mean", "max") if value(s, k) is not None] or [0])
-    top = _nice_top(highest)
-
-    bar_w, group_gap, left, top_m, bottom_m, plot_h = 20, 40, 70, 50, 50, 320
-    group_w = bar_w * len(policies)
-    plot_w = max(len(workloads) * (group_w + group_gap), 200)
-    legend_x = left + plot_w + 20
-    legend_w = 30 + 7 * max([len(str(p)) for p in policies] or [0])
-    width = legend_x + legend_w + 10
-    height = max(top_m + plot_h + bottom_m, top_m + 18 * len(policies) + 20)
-    base = top_m + plot_h
-
-    def y_of(v):
-        return base - plot_h * v / top
-
-    out = ['<?xml version="1.0" encoding="UTF-8"?>',
-           '<svg xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" viewBox="0 0 %d %d" '
-           'font-family="sans-serif" font-size="12">' % (width, height, width, height),
-           '<text x="%.1f" y="25" text-anchor="middle" font-size="15" font-weight="bold">%s</text>'
-           % (width / 2, _x(title))]
-    for i in range(5):
-        tick = top * i / 4
-        y = y_of(tick)
-        out.append('<line class="grid" x1="%d" y1="%.2f" x2="%d" y2="%.2f" stroke="#dddddd"/>'
-                   % (left, y, left + plot_w, y))
-        out.append('<text class="tick" x="%d" y="%.2f" text-anchor="end">%s%s</text>'
-                   % (left - 6, y + 4, _tick(tick), "%" if percent else ""))
-    out.append('<line class="axis" x1="%d" y1="%d" x2="%d" y2="%d" stroke="black"/>' % (left, top_m, left, base))
-    out.append('<line class="axis" x1="%d" y1="%d" x2="%d" y2="%d" stroke="black"/>' % (left, base, left + plot_w, base))
-    if unit:
-        out.append('<text class="unit" x="18" y="%.1f" text-anchor="middle" transform="rotate(-90 18 %.1f)">%s</text>'
-                   % (top_m + plot_h / 2, top_m + plot_h / 2, _x(unit)))
-    for g, workload in enumerate(workloads):
-        x0 = left + group_gap / 2 + g * (group_w + group_gap)
-        out.append('<text class="group" x="%.2f" y="%d" text-anchor="middle">%s</text>'
-                   % (x0 + group_w / 2, base + 20, _x(workload)))
-        for p, policy in enumerate(policies):
-            stats = cells.get((workload, policy), {})
-            mean = value(stats, "mean")
-            if mean is None:
-                continue
-            x = x0 + p * bar_w
-            label = "%s, %s: %s" % (policy, workload, _tick(round(mean, 3)))
-            out.append('<rect class="bar" x="%.2f" y="%.2f" width="%d" height="%.4f" fill="%s">'
-                       '<title>%s</title></rect>'
-                       % (x + 1, y_of(mean), bar_w - 2, plot_h * mean / top, COLOURS[p % len(COLOURS)], _x(label)))
-            low, high = value(stats, "min"), value(stats, "max")
-            if low is not None and high is not None:
-                cx = x + bar_w / 2
-                out.append('<line class="error-bar" x1="%.2f" y1="%.2f" x2="%.2f" y2="%.2f" stroke="black" '
-                           'stroke-width="1"/>' % (cx, y_of(low), cx, y_of(high)))
-                for v in (low, high):
-                    out.append('<line class="error-cap" x1="%.2f" y1="%.2f" x2="%.2f" y2="%.2f" stroke="black" '
-                               'stroke-width="1"/>' % (cx - 4, y_of(v), cx + 4, y_of(v)))
-    for p, policy in enumerate(policies):
-        y = top_m + 18 * p
-        out.append('<rect class="legend-swatch" x="%d" y="%d" width="12" height="12" fill="%s"/>'
-                   % (legend_x, y, COLOURS[p % len(COLOURS)]))
-        out.append('<text class="legend" x="%d" y="%d">%s</text>' % (legend_x + 18, y + 10, _x(policy)))
-    out.append("</svg>")
-    return "\n".join(out) + "\n"
-
-
 def write(folder, runs, title, notes=()):
     """Write the report folder; return the paths written, by name."""
     os.makedirs(folder, exist_ok=True)
@@ -226,10 +125,10 @@ def write(folder, runs, title, notes=()):
         "summary.json": json.dumps(summary, indent=2, sort_keys=True) + "\n",
         "report.md": markdown(summary, title, notes)
         + "\n![Hit rate](hit_rate.svg)\n\n![TTFT p50](ttft_p50.svg)\n",
-        "hit_rate.svg": svg_bars(summary, "hit_rate", "%s: prefix-cache hit rate" % title, "hit rate", percent=True),
-        "ttft_p50.svg": svg_bars(summary, "ttft_ms_p50", "%s: TTFT p50" % title, "ms"),
     }
-    for name, path in paths.items():
-        with open(path, "w", encoding="utf-8") as handle:
-            handle.write(contents[name])
+    for name, text in contents.items():
+        with open(paths[name], "w", encoding="utf-8") as handle:
+            handle.write(text)
+    plots.summary_bars(summary, "hit_rate", paths["hit_rate.svg"], "%s: prefix-cache hit rate" % title, "hit rate", percent=True)
+    plots.summary_bars(summary, "ttft_ms_p50", paths["ttft_p50.svg"], "%s: TTFT p50" % title, "ms")
     return paths

@@ -6,14 +6,15 @@
 
 """The checks under load: kv_index_check's core and one kv_events_check per engine, over real engines, for minutes.
 
-Four real vLLM engines (``make bench-load`` starts them through playbooks/kv_index.yml with 72 KV blocks each, so
-the workload overflows their caches and BlockRemoved events keep coming) are watched at once, for ``--minutes``
-(10 by default), by:
+Four real vLLM engines (``make bench-load`` runs ``benchmarks/bench_load.yml``, which starts them with roles/local_engine
+with 72 KV blocks each, so the workload overflows their caches and BlockRemoved events keep coming, and stops them in
+``always``) are watched at once, for ``--minutes`` (10 by default), by:
 
-* the core of ``kv_index_check`` (``kv/index_check.KVIndexCheck``, driven step by step as bench_routing.py drives it):
-  one KV-block index per engine from the live streams, the engines' replay buffers read from seq 0 at the start,
-  gaps repaired through the replay endpoints; before every checked request it records what the index predicts the
-  engine has cached and compares with ``usage.prompt_tokens_details.cached_tokens``;
+* ``kv_index_check``'s check (``kv/index_check.KVIndexCheck``, driven step by step through its ``run_step``; its index is
+  the collection's live index, ``kv/live_index.LiveIndex``): one KV-block index per engine from the live streams, the
+  engines' replay buffers read from seq 0 at the start, gaps repaired through the replay endpoints; before every checked
+  request it records what the index predicts the engine has cached and compares with
+  ``usage.prompt_tokens_details.cached_tokens``;
 * one ``kv_events_check`` per engine (``kv/events_check.KVEventsCheck``, each in a thread of its own with its own
   ZMQ context), listening for the whole run (``enough`` says when to stop) with its own sequence tracking, gap and
   tail repair, then its own verdict.
@@ -26,8 +27,8 @@ prediction must be made before the request and nothing else may change that engi
 ``--burst-every`` seconds a burst of ``--burst-size`` concurrent, unchecked requests over the engines (family
 prefixes with new tails, 1 to 32 generated tokens: stores, copies and evictions while the checker applies events);
 the checked requests after a burst show whether the index still holds exactly what each engine holds. At
-``--restart-at`` of the run one engine (the last; ``--restart-engine``) is stopped and started again with
-``--restart-command`` (``make bench-load`` passes playbooks/kv_index.yml with ``kv_index_only``): it leaves the
+``--restart-at`` of the run one engine (the last; ``--restart-engine``) is stopped and started again through the service
+record its role published (``--engines-file``; ``service/supervisor.restart``, what local_service does): it leaves the
 rotation first (its tail of events fetched through its replay endpoint), the others keep serving, and when it
 answers again an unchecked request makes it publish: vLLM publishes nothing at start, so its first batch (sequence
 number 0 again) is how a subscriber notices the restart. Then it rejoins.
@@ -45,33 +46,27 @@ it prints why and exits 0 (``--require``: 1), as ``make bench`` runs it. The eng
 buffers, 10000 batches by default, holding all they published), as ``make bench-load`` starts them.
 
   .venv/bin/python benchmarks/bench_checks_load.py [--engines-file out/bench-load/engines.json] [--minutes 10]
-      [--restart-command CMD] [--restart-at 0.4] [--burst-every 30] [--burst-size 16] [--json] [--require]
+      [--no-restart] [--restart-at 0.4] [--burst-every 30] [--burst-size 16] [--json] [--require]
 """
 
 from __future__ import absolute_import, division, print_function
 
 import argparse
 import concurrent.futures
-import inspect
 import itertools
 import json
 import os
 import random
-import subprocess
 import sys
 import threading
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "tools"))
-from _loader import module_utils  # noqa: E402  pylint: disable=wrong-import-position
+import _lab
+from ansible_collections.inference_cache.substrate.plugins.module_utils.common import errors, wiring
+from ansible_collections.inference_cache.substrate.plugins.module_utils.http import openai as http
+from ansible_collections.inference_cache.substrate.plugins.module_utils.kv import events_check, index_check, workload
 
-errors = module_utils("common.errors")
-wiring = module_utils("common.wiring")
-http = module_utils("http.openai")
-index_check = module_utils("kv.index_check")
-events_check = module_utils("kv.events_check")
-workload = module_utils("kv.workload")
+ROOT = _lab.ROOT
 
 WORDS = ("ka", "lo", "mi", "ne", "ru", "sa", "ti", "vo", "be", "do", "fu", "gi", "ha", "ju", "ze", "po")
 RSS_EVERY = 3.0   # seconds between RSS samples
@@ -85,29 +80,9 @@ def rss_kib():
     return 0
 
 
-def reachable(url, timeout=5.0):
-    """None when ``url``/health answers 200, else why not."""
-    try:
-        client = http.OpenAIClient(url, timeout=timeout)
-        client.get_text("/health")
-        return None
-    except errors.CheckError as exc:
-        return exc.msg
-
-
-def load_engines(path, host="127.0.0.1"):
-    """The engines of a playbooks/kv_index.yml engines file: name, url, and what a subscriber needs (wiring.subscriber)."""
-    with open(path) as handle:
-        listed = json.load(handle)["kv_index_engines"]
-    engines = []
-    for item in listed:
-        address = item.get("host", host)
-        endpoint = item.get("kv_events_endpoint") or "tcp://127.0.0.1:%d" % item["kv_events_port"]
-        sub = wiring.subscriber(endpoint, "", "tcp://127.0.0.1:%d" % item["replay_port"], host=address)
-        engines.append({"name": item["instance"], "url": "http://%s:%d" % (address, item["port"]), "port": item["port"],
-                        "host": address, "endpoint": sub["endpoint"], "socket_mode": sub["socket_mode"],
-                        "replay_endpoint": sub["replay_endpoint"]})
-    return engines
+def reachable(url):
+    """None when ``url``/health answers, else why not."""
+    return _lab.reachable(url)
 
 
 class RSSSampler(threading.Thread):
@@ -153,79 +128,6 @@ class EventsWatcher(threading.Thread):
         except Exception as exc:  # pylint: disable=broad-except
             self.failure = "%s: %s" % (type(exc).__name__, exc)
             self.facts = self.check.facts()
-
-
-class LoadIndexCheck(index_check.KVIndexCheck):
-    """KVIndexCheck's core, steps chosen by the load loop; it also counts, per engine start, the batches applied and the
-    last sequence number applied, and the gaps the live stream showed. Kept beside the core's own bookkeeping (read
-    only through ``batches`` and ``restarts`` of its engines), so the core's way of tracking sequences may change."""
-
-    def __init__(self, params):
-        super(LoadIndexCheck, self).__init__(params)
-        self.gaps_seen = {}
-        self.starts = {}     # engine name -> one dict per engine start: last_seq, applied, noticed_at
-        self.seen = {}       # engine name -> (engine.batches, engine.restarts) when last looked at
-        self.depth = 0       # on_batch calls in progress (a live batch's gap repair replays inside it)
-        # KVIndexCheck's own, set again for pylint (it does not see the base class through tools/_loader.py)
-        self.start = self.deadline = self.index = None
-        self.engines, self.by_name = [], {}
-
-    def prepare(self):
-        super(LoadIndexCheck, self).prepare()
-        for engine in self.engines:
-            self.gaps_seen[engine.name] = 0
-            self.starts[engine.name] = [{"last_seq": -1, "applied": 0, "noticed_at": None}]
-            self.seen[engine.name] = (engine.batches, engine.restarts)
-
-    def account(self, engine, seq):
-        """Bring this engine's start records up to date with the core: a new start, the batches applied since."""
-        batches, restarts = self.seen[engine.name]
-        if engine.restarts > restarts:
-            self.starts[engine.name].append({"last_seq": -1, "applied": 0, "noticed_at": time.monotonic()})
-        current = self.starts[engine.name][-1]
-        if engine.batches > batches:
-            current["applied"] += engine.batches - batches
-            current["last_seq"] = max(current["last_seq"], seq)
-        self.seen[engine.name] = (engine.batches, engine.restarts)
-
-    def on_batch(self, batch, payload, live, source):
-        engine = self.by_name[source.name]
-        self.account(engine, -1)
-        outer = self.depth == 0
-        before = self.starts[engine.name][-1]["last_seq"]
-        restarts = engine.restarts
-        self.depth += 1
-        try:
-            super(LoadIndexCheck, self).on_batch(batch, payload, live, source)
-        finally:
-            self.depth -= 1
-        self.account(engine, batch.seq)
-        if live and outer:
-            # A gap: the live batch is ahead of the last one applied (after a restart, of nothing: seq 0 comes first).
-            expected = 0 if engine.restarts > restarts else before + 1
-            if batch.seq > expected and batch.seq > (-1 if engine.restarts > restarts else before):
-                self.gaps_seen[engine.name] += 1
-
-    def last_seq(self, engine):
-        return self.starts[engine.name][-1]["last_seq"]
-
-    def fetch_tail(self, engine):
-        """Everything the engine's replay buffer holds after the last batch applied (a dropped tail shows no gap)."""
-        if not engine.source.replay_endpoint:
-            return
-        start = self.last_seq(engine) + 1
-        if len(inspect.signature(self.replay_into).parameters) == 4:   # (engine, rank, start, end): sequences per rank
-            self.replay_into(engine, engine.source.rank, start, None)
-        else:
-            self.replay_into(engine, start, None)
-        self.account(engine, -1)
-
-    def pump(self, seconds):
-        """Apply events for ``seconds`` (while requests of a burst run)."""
-        end = self.clock() + seconds
-        while self.clock() < end:
-            self.consumer.poll(0.05)
-            self.drain()
 
 
 class LoadBench:
@@ -274,7 +176,7 @@ class LoadBench:
             engine = engines[number % len(engines)]
             jobs.append(pool.submit(self.send, engine.spec["url"], self.burst_prompt(), self.rng.randint(1, 32), self.core.model))
         while not all(job.done() for job in jobs):
-            self.core.pump(0.2)
+            self.core.live.pump(0.2)
         for job in jobs:
             self.requests["burst"] += 1
             try:
@@ -282,9 +184,10 @@ class LoadBench:
             except errors.CheckError as exc:
                 self.requests["burst_failed"] += 1
                 self.errors.append("burst request: %s" % exc.msg)
-        self.core.settle()
+        self.core.live.settle()
 
-    def checked_step(self, step, names):
+    def checked_step(self, step, among):
+        names = [e.name for e in among]
         targets = [name for name in step.targets if name in names]
         if not targets:
             return
@@ -292,7 +195,7 @@ class LoadBench:
         wrong = len(self.core.results["mismatches"])
         one = workload.Step(step.index, step.family, step.kind, step.base, step.tail, targets)
         try:
-            self.core.run_step(one)
+            self.core.run_step(one, among)
         except errors.CheckError as exc:
             if len(self.core.results["mismatches"]) == wrong:   # not a wrong prediction: the run cannot go on
                 self.errors.append(exc.msg)
@@ -304,22 +207,20 @@ class LoadBench:
 
     # -- the restart --------------------------------------------------------------------------
     def leave(self, engine):
-        """Take ``engine`` out of the rotation, fetch its tail, start the restart command in a thread."""
+        """Take ``engine`` out of the rotation, fetch its tail, restart it through its service record in a thread."""
         core = self.core
-        core.settle()
-        core.fetch_tail(engine)
+        core.live.settle()
+        core.live.fetch_tail(engine.stream)
         self.restart["engine"] = engine.name
         self.restart["stopped_at"] = round(time.monotonic() - self.started, 1)
-        command = self.args.restart_command.replace("{engine}", engine.name)
         result = {}
 
         def restart():
             try:
-                run = subprocess.run(command, shell=True, capture_output=True, text=True, timeout=1200, check=False)
-                result["rc"] = run.returncode
-                result["tail"] = " ".join((run.stdout + run.stderr).split()[-40:])
-            except subprocess.TimeoutExpired:
-                result["rc"] = "timeout"
+                _lab.restart(engine.spec, wait=1200)
+                result["rc"] = 0
+            except errors.CheckError as exc:
+                result["rc"], result["tail"] = 1, exc.msg
         thread = threading.Thread(target=restart, name="restart", daemon=True)
         thread.start()
         return thread, result
@@ -331,17 +232,18 @@ class LoadBench:
         if result.get("rc") != 0:
             raise errors.CheckError("Restarting %s failed (%s): ...%s" % (engine.name, result.get("rc"), result.get("tail")))
         self.restart["answering_at"] = round(time.monotonic() - self.started, 1)
-        restarts = engine.restarts
+        stream = engine.stream
+        restarts = stream.restarts
         for _try in range(10):
-            if engine.restarts > restarts:
+            if stream.restarts > restarts:
                 break
-            since = engine.source.activity
+            since = stream.activity
             self.send(engine.spec["url"], "wake up %d: %s." % (_try, self.tail_words(40, 80)), 1, self.core.model)
             self.requests["wake_up"] += 1
             self.restart["wake_up_requests"] += 1
-            self.core.settle(wait_for=engine, since=since)
-        self.restart["noticed_by_index"] = engine.restarts > restarts
-        noticed = self.core.starts[engine.name][-1]["noticed_at"]
+            self.core.live.settle(wait_for=stream, since=since)
+        self.restart["noticed_by_index"] = stream.restarts > restarts
+        noticed = stream.starts[-1]["noticed_at"]
         if noticed is not None and self.restart["noticed_by_index"]:
             self.restart["noticed_at"] = round(noticed - self.started, 1)
 
@@ -354,14 +256,15 @@ class LoadBench:
                   # Enough rounds for the run (a checked request takes a second or more here); cycled if they run out.
                   "workload": {"families": args.families, "rounds": max(10, int(duration / args.families) + 1), "seed": args.seed},
                   "expect": {"min_requests": 0}, "timeout": duration + 3600.0}
-        self.core = core = LoadIndexCheck(params)
+        self.core = core = index_check.KVIndexCheck(params)
         self.sampler.start()
         core.prepare()
-        for engine in core.engines:   # the topic: kv@<host>:<port>@<served model name>
+        for engine in core.engines:   # the topic: kv@<host>:<port>@<served model name>; the service record to restart it
             spec = [s for s in self.specs if s["name"] == engine.name][0]
-            engine.source.topic = wiring.kv_topic(spec["host"], spec["port"], core.model)
+            engine.stream.topic = wiring.kv_topic(spec["host"], spec["port"], core.model)
+            engine.spec["service"] = spec.get("service")
         for engine in core.engines:
-            watcher = EventsWatcher(engine.spec, engine.source.topic, duration + 3600.0, self.stop)
+            watcher = EventsWatcher(engine.spec, engine.stream.topic, duration + 3600.0, self.stop)
             watcher.start()
             self.watchers.append(watcher)
         everyone = list(core.engines)
@@ -371,39 +274,38 @@ class LoadBench:
         restarting = None
         next_burst = self.started + args.burst_every
         try:
-            with core.listening(), concurrent.futures.ThreadPoolExecutor(max(args.burst_size, 1)) as pool:
+            with core.live.listening(), concurrent.futures.ThreadPoolExecutor(max(args.burst_size, 1)) as pool:
                 self.rss_window = (len(self.sampler.samples), None)
                 # What the index replayed of each engine's past (batches published before this run) at the start.
-                self.history = dict((engine.name, engine.batches) for engine in core.engines)
+                self.history = dict((engine.name, engine.stream.batches) for engine in core.engines)
                 steps = itertools.cycle(core.steps)
+                rotation = list(everyone)   # the engines served: all but the one restarting
                 try:
                     while time.monotonic() - self.started < duration:
                         now = time.monotonic()
-                        if restarting is None and args.restart_command and now >= restart_at:
-                            core.engines = [e for e in everyone if e is not restart_engine]
+                        if restarting is None and not args.no_restart and now >= restart_at:
+                            rotation = [e for e in everyone if e is not restart_engine]
                             restarting = self.leave(restart_engine)
                         elif restarting not in (None, False) and not restarting[0].is_alive():
                             self.rejoin(restart_engine, restarting[1])
-                            core.engines = list(everyone)
+                            rotation = list(everyone)
                             restarting = False
                         if now >= next_burst and args.burst_size:
-                            self.burst(core.engines, pool)
+                            self.burst(rotation, pool)
                             next_burst = time.monotonic() + args.burst_every
                             continue
-                        self.checked_step(next(steps), [e.name for e in core.engines])
+                        self.checked_step(next(steps), rotation)
                     if restarting not in (None, False):   # the run ended while the engine restarted: wait for it
                         restarting[0].join()
                         self.rejoin(restart_engine, restarting[1])
-                        core.engines = list(everyone)
-                    core.settle()
+                    core.live.settle()
                 except errors.CheckError as exc:   # the run cannot go on (a request failed, the restart failed): report
                     self.errors.append(exc.msg)
                     if restarting not in (None, False):
                         restarting[0].join()
-                    core.engines = list(everyone)
                 for engine in core.engines:
-                    if engine.source.replay_endpoint and reachable(engine.spec["url"]) is None:
-                        core.fetch_tail(engine)
+                    if engine.stream.source.replay_endpoint and reachable(engine.spec["url"]) is None:
+                        core.live.fetch_tail(engine.stream)
                 self.rss_window = (self.rss_window[0], len(self.sampler.samples))
         finally:
             self.stop.set()
@@ -416,6 +318,7 @@ class LoadBench:
     def figures(self, wall):
         core = self.core
         engines = {}
+        removed = core.live.removed_blocks()
         for engine in core.engines:
             watcher = [w for w in self.watchers if w.spec["name"] == engine.name][0]
             if watcher.facts is None and watcher.failure is None:
@@ -423,15 +326,13 @@ class LoadBench:
             wf = watcher.facts or {}
             gaps = wf.get("gaps", {})
             tracked = watcher.check.seqs.gaps   # every gap and tail of its sequence tracker (the facts list 20)
-            starts = core.starts[engine.name]
-            lost = sum((s["last_seq"] + 1) - s["applied"] for s in starts if s["last_seq"] is not None and s["applied"] is not None)
+            stream = engine.stream
             engines[engine.name] = {
-                "index": {"batches": engine.batches, "before_the_run": self.history.get(engine.name, 0),
-                          "starts": [{"last_seq": s["last_seq"], "applied": s["applied"]} for s in starts],
-                          "gaps_seen": core.gaps_seen[engine.name], "gaps_unrepaired": engine.gaps_unrepaired,
-                          "batches_lost": lost, "restarts_noticed": engine.restarts,
-                          "blocks_removed": core.index.engines[engine.name].removed_blocks if engine.name in core.index.engines else 0,
-                          "malformed": engine.tally.malformed},
+                "index": {"batches": stream.batches, "before_the_run": self.history.get(engine.name, 0),
+                          "starts": [{"last_seq": s["last_seq"], "applied": s["applied"]} for s in stream.starts],
+                          "gaps_seen": stream.gaps_seen, "gaps_unrepaired": stream.gaps_unrepaired,
+                          "batches_lost": stream.lost(), "restarts_noticed": stream.restarts,
+                          "blocks_removed": removed[engine.name], "malformed": stream.tally.malformed},
                 # kv_events_check's gaps include the tails it fetched through the replay endpoint whenever its stream went
                 # quiet (batches after the last one seen live, which no gap reveals): counted apart here.
                 "kv_events_check": {"passed": watcher.failure is None, "failure": watcher.failure, "batches": wf.get("batches"),
@@ -524,12 +425,13 @@ def show(fig, problems):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--engines-file", default=os.path.join(ROOT, "out", "bench-load", "engines.json"),
-                        help="the JSON given to playbooks/kv_index.yml (kv_index_engines); make bench-load writes it")
+                        help="the engines as their roles published them, with each one's service record (benchmarks/bench_load.yml "
+                        "writes it)")
     parser.add_argument("--minutes", type=float, default=10.0, help="how long the load runs")
     parser.add_argument("--families", type=int, default=12, help="prompt families of the checked workload")
     parser.add_argument("--burst-every", type=float, default=30.0, help="seconds between bursts")
     parser.add_argument("--burst-size", type=int, default=16, help="concurrent requests per burst (0: no bursts)")
-    parser.add_argument("--restart-command", metavar="CMD", help="a shell command that stops and starts the engine named by {engine}")
+    parser.add_argument("--no-restart", action="store_true", help="restart no engine part way")
     parser.add_argument("--restart-engine", help="the engine restarted (default: the last)")
     parser.add_argument("--restart-at", type=float, default=0.4, help="when the restart begins, as a share of the run")
     parser.add_argument("--rss-limit-mib", type=float, default=8.0, help="RSS growth allowed over the second half")
@@ -540,7 +442,7 @@ def main():
     if not os.path.exists(args.engines_file):
         print("bench_checks_load: skipped: no engines file %s (make bench-load writes it and starts the engines)" % args.engines_file)
         return 1 if args.require else 0
-    specs = load_engines(args.engines_file)
+    specs = _lab.load_engines(args.engines_file)
     for spec in specs:
         problem = reachable(spec["url"])
         if problem:

@@ -35,15 +35,12 @@ from __future__ import absolute_import, division, print_function
 import argparse
 import gc
 import json
-import os
 import sys
 import time
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tools"))
-from _loader import module_utils  # noqa: E402  pylint: disable=wrong-import-position
-
-memory_plan = module_utils("gpu.memory_plan")
-errors = module_utils("common.errors")
+import _lab  # noqa: F401  pylint: disable=unused-import
+from ansible_collections.inference_cache.substrate.plugins.module_utils.common import errors  # noqa: E402  pylint: disable=wrong-import-order
+from ansible_collections.inference_cache.substrate.plugins.module_utils.gpu import memory_plan  # noqa: E402  pylint: disable=wrong-import-order
 
 GIB = 1024 ** 3
 # The config.json fields the plan reads, as in each model's Hugging Face config (tests/unit/.../test_memory_plan.py has

@@ -20,18 +20,15 @@ from __future__ import absolute_import, division, print_function
 
 import argparse
 import json
-import os
 import sys
 import time
 from typing import List, Optional, Union
 
 import msgspec
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tools"))
-from _loader import module_utils  # noqa: E402  pylint: disable=wrong-import-position
-
-kv = module_utils("kv.events")
-import _kv_synthetic as synth  # noqa: E402  pylint: disable=wrong-import-position,import-error
+import _lab  # noqa: F401  pylint: disable=unused-import
+from ansible_collections.inference_cache.substrate.plugins.module_utils.kv import events as kv  # noqa: E402  pylint: disable=wrong-import-order
+from ansible_collections.inference_cache.substrate.tests.harness import kv_synthetic as synth  # noqa: E402  pylint: disable=wrong-import-order
 
 
 class RefEvent(msgspec.Struct, tag=True, omit_defaults=True, gc=False):

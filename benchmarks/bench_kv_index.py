@@ -23,16 +23,13 @@ from __future__ import absolute_import, division, print_function
 
 import argparse
 import json
-import os
 import random
 import sys
 import time
 import tracemalloc
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tools"))
-from _loader import module_utils  # noqa: E402  pylint: disable=wrong-import-position
-
-kvi = module_utils("kv.index")
+import _lab  # noqa: F401  pylint: disable=unused-import
+from ansible_collections.inference_cache.substrate.plugins.module_utils.kv import index as kvi  # noqa: E402  pylint: disable=wrong-import-order
 
 BLOCK = 32
 CHAIN = 16

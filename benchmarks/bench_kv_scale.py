@@ -11,8 +11,8 @@ Two parts, each run by ``make bench-kv-scale`` (either alone with ``--part``):
 
 * ``fleet``: a fleet of simulated engines (llm-d-inference-sim, roles/simulated_engine: 32 by default, small caches so
   that every engine evicts) under open-loop traffic for ``--seconds``: requests over prompt families at ``--rate``, a burst
-  of ``--burst-size`` concurrent requests every ``--burst-every`` seconds, engines restarted part way
-  (``--restart-command``, the playbook with ``simulated_engine_only``), the failures the fleet injects
+  of ``--burst-size`` concurrent requests every ``--burst-every`` seconds, ``--restart-count`` engines restarted part way
+  (through the service record each engine's role published: ``service/supervisor.restart``), the failures the fleet injects
   (``simulated_engine_failure_injection_rate``). Each engine connects to its own endpoint; a relay process binds them
   and republishes each stream (libzmq's proxy), so that two checker processes read every stream at once:
   ``kv_events_check`` (``kv/events_check.KVEventsCheck``, one per engine, each in a thread, its own sequence tracking)
@@ -28,9 +28,11 @@ Two parts, each run by ``make bench-kv-scale`` (either alone with ``--part``):
   largest count it keeps up with (no batch lost, CPU under 90% of the core).
 
 Without an engines file the fleet part is skipped with one sentence; the capacity part needs nothing but this machine.
+``make bench-kv-scale`` runs ``benchmarks/bench_kv_scale.yml``: the fleet started (roles/simulated_engine), this script, the
+fleet stopped in ``always``.
 
   .venv/bin/python benchmarks/bench_kv_scale.py [--part fleet,capacity] [--engines-file out/bench-kv-scale/engines.json]
-      [--seconds 60] [--rate 40] [--burst-every 15] [--burst-size 64] [--restart-command CMD] [--restart-count 2]
+      [--seconds 60] [--rate 40] [--burst-every 15] [--burst-size 64] [--restart-count 2]
       [--publishers 32,64,128,256] [--publisher-rate 50] [--step-seconds 10] [--json] [--require]
 """
 
@@ -50,16 +52,17 @@ import tempfile
 import threading
 import time
 
-from _routing import fleet, module_utils, simkeys
+import _lab
+from _routing import fleet, simkeys
 from _routing.fleet_workloads import words
+from ansible_collections.inference_cache.substrate.plugins.module_utils.common import errors
+from ansible_collections.inference_cache.substrate.plugins.module_utils.kv import consumer as consumer_mod
+from ansible_collections.inference_cache.substrate.plugins.module_utils.kv import events as events_mod
+from ansible_collections.inference_cache.substrate.plugins.module_utils.kv import events_check
+from ansible_collections.inference_cache.substrate.plugins.module_utils.kv import index as kv_index
+from ansible_collections.inference_cache.substrate.plugins.module_utils.kv import sockets as sockets_mod
+from ansible_collections.inference_cache.substrate.plugins.module_utils.kv import stream as stream_mod
 
-errors = module_utils("common.errors")
-consumer_mod = module_utils("kv.consumer")
-events_mod = module_utils("kv.events")
-events_check = module_utils("kv.events_check")
-kv_index = module_utils("kv.index")
-stream_mod = module_utils("kv.stream")
-sockets_mod = module_utils("kv.sockets")
 zmq = sockets_mod.zmq
 HERE = os.path.abspath(__file__)
 
@@ -278,9 +281,10 @@ class Child:
 class Traffic:
     """Prompt families over the engines: steady requests at ``rate``, bursts, restarts."""
 
-    def __init__(self, engines, args):
+    def __init__(self, engines, args, services=None):
         self.engines = engines
         self.args = args
+        self.services = services or {}   # engine name -> the spec of _lab.load_engines, with its service record
         self.rng = random.Random(args.seed)
         self.client = fleet.Client(60.0)
         self.families = ["family %d %s" % (i, words(self.rng, self.rng.randint(40, 120))) for i in range(args.families)]
@@ -322,9 +326,13 @@ class Traffic:
             time.sleep(self.rng.expovariate(self.args.rate))
 
     def restart(self, engine):
-        command = self.args.restart_command.replace("{engine}", engine.name)
-        run = subprocess.run(command, shell=True, capture_output=True, text=True, timeout=300, check=False)
-        self.restarted.append({"engine": engine.name, "rc": run.returncode})
+        """Stop and start the engine through the service record its role published (no playbook)."""
+        try:
+            _lab.restart(self.services[engine.name], wait=300.0)
+            rc = 0
+        except (errors.CheckError, KeyError) as exc:
+            rc = getattr(exc, "msg", None) or "no service record for %s" % exc
+        self.restarted.append({"engine": engine.name, "rc": rc})
 
     def probes(self):
         """Two probes per engine: a family prompt it was likely sent, and a fresh one (a miss)."""
@@ -355,8 +363,8 @@ def fleet_part(args):
                        "--hash-seed", args.hash_seed])
         children.append(index)
         time.sleep(2.0)   # the engines' connections come up (each dials its endpoint again every second)
-        traffic = Traffic(engines, args)
-        picks = random.Random(args.seed + 1).sample(engines, min(args.restart_count, len(engines))) if args.restart_command else []
+        traffic = Traffic(engines, args, dict((s["name"], s) for s in _lab.load_engines(args.engines_file)))
+        picks = random.Random(args.seed + 1).sample(engines, min(args.restart_count, len(engines)))
         restart_at = [(args.seconds * (i + 1) / (len(picks) + 1), engine) for i, engine in enumerate(picks)]
         started = time.monotonic()
         with concurrent.futures.ThreadPoolExecutor(256) as pool:
@@ -460,9 +468,8 @@ def publisher_main(count, rate, seconds, folder):
 
 
 def _synthetic():
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(HERE)), "tools"))
-    import _kv_synthetic  # pylint: disable=import-outside-toplevel,import-error
-    return _kv_synthetic
+    from ansible_collections.inference_cache.substrate.tests.harness import kv_synthetic  # pylint: disable=import-outside-toplevel
+    return kv_synthetic
 
 
 def raise_file_limit():
@@ -547,8 +554,7 @@ def parser_of():
     parser.add_argument("--families", type=int, default=24)
     parser.add_argument("--burst-every", type=float, default=15.0)
     parser.add_argument("--burst-size", type=int, default=64)
-    parser.add_argument("--restart-command", help="stops and starts the engine named {engine}")
-    parser.add_argument("--restart-count", type=int, default=2)
+    parser.add_argument("--restart-count", type=int, default=2, help="engines restarted part way, through their service records")
     parser.add_argument("--hash-seed", default="0")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--publishers", type=lambda t: [int(x) for x in t.split(",")], default=[32, 64, 128, 256, 512])

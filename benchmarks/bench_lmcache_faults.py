@@ -52,15 +52,13 @@ import threading
 import time
 import uuid
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "tools"))
-from _loader import module_utils  # noqa: E402  pylint: disable=wrong-import-position
+import _lab  # noqa: F401  pylint: disable=unused-import
+from ansible_collections.inference_cache.substrate.plugins.module_utils.http import openai as http  # noqa: E402
+from ansible_collections.inference_cache.substrate.plugins.module_utils.http import prefix_cache  # noqa: E402
+from ansible_collections.inference_cache.substrate.plugins.module_utils.lmcache import check as lmcache_check  # noqa: E402
+from ansible_collections.inference_cache.substrate.plugins.module_utils.service import process, supervisor  # noqa: E402
 
-http = module_utils("http.openai")
-prefix_cache = module_utils("http.prefix_cache")
-lmcache_check = module_utils("lmcache.check")
-process = module_utils("service.process")
-supervisor = module_utils("service.supervisor")
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 EXTERNAL_HITS = "vllm:external_prefix_cache_hits_total"
 STATE = os.path.expanduser("~/.cache/inference_cache/local_engine")

@@ -41,13 +41,13 @@ role, ``benchmarks/epp_configs.yml``):
   its weights queue 2, KV-cache utilization 2, prefix 3; gie-equal, all at 1): approximate prefix-cache scoring from
   its own routing history (character blocks of 4 characters per token, the engines' block size and cache size read
   from their metrics), no KV events. It discovers its endpoints through the Kubernetes API only, so this script
-  starts a kwok cluster (``benchmarks/kwok_cluster.yml``: roles/kwok_cluster, a name and ports of its own) holding
-  one simulated pod per engine whose IP is the engine's address (kwok_cluster's pod-IP stage) and an InferencePool
+  puts, in the kwok cluster of ``--kubeconfig`` (``benchmarks/bench_routing.yml`` starts it: roles/kwok_cluster, a name
+  and ports of its own), one simulated pod per engine whose IP is the engine's address (kwok_cluster's pod-IP stage) and an InferencePool
   over them (``epp/local_kube.GIEPool``: the router role's InferencePool as it rendered it, ``--gie-pool``; the CRDs
   generated from GIE's API types); a fresh EPP per configuration
   reconciles that pool as in a cluster (its metrics count the ready pods before the first request). An
   InferencePool has one target port, so the engines listen on one port, each on its own 127.x address. The
-  cluster, the pool and every EPP are stopped at the end, also on failure.
+  pool and every EPP are stopped at the end, also on failure; the cluster is the playbook's (``--kubeconfig``).
 
 Without ``--epp`` (and without ``SUBSTRATE_EPP_BINARY``): llm-d's EPP where it can be had (the build of the catalog
 ``vars/go_builds.yml``), else the GIE EPP (``epp/local.resolve_epp``). An EPP named by a word (``llm-d``, ``gie``, or
@@ -87,16 +87,18 @@ With more than one workload or seed (or ``--report DIR``) the study is written t
 (``benchmarks/_study_report.py``): every run as JSON lines, the summary, ``report.md`` with a table per workload,
 and plots of hit rate and TTFT per policy per workload with their spread (SVG).
 
-``make bench-routing`` starts two engines through ``playbooks/kv_index.yml`` on 127.0.0.1:8400 and 127.0.0.2:8400
-(events 5800/5802, replay 5801/5803), runs this with ``--require`` and stops them; ``make study-routing`` runs every
-workload with three seeds into ``out/bench-routing/study``. Without engines (``make bench``) it prints that it
-skipped and exits 0.
+``make bench-routing`` runs ``benchmarks/bench_routing.yml``: it renders the EPP configurations, starts two engines
+(``roles/local_engine``) on 127.0.0.1:8400 and 127.0.0.2:8400 (events 5800/5802, replay 5801/5803) and the GIE lane's kwok
+cluster, writes what the engines published to an engines file (``--engines-file``: each engine's service record, through
+which the restart workload restarts it), runs this with ``--require`` and stops everything in ``always``; ``make
+study-routing`` runs every workload with three seeds into ``out/bench-routing/study``. Without engines (``make bench``) it
+prints that it skipped and exits 0.
 
-  .venv/bin/python benchmarks/bench_routing.py [--engine NAME=[HOST:]PORT,EVENTS_PORT,REPLAY_PORT ...] [--requests 80]
+  .venv/bin/python benchmarks/bench_routing.py [--engines-file PATH | --engine NAME=[HOST:]PORT,EVENTS_PORT,REPLAY_PORT ...] [--requests 80]
       [--workload bench|NAME,...|all] [--repeats 1] [--report DIR] [--policies precise,...] [--seed 0] [--json] [--require]
       [--tenants N] [--prefix-words N] [--zipf X] [--follow-up X]
       [--epp BINARY|llm-d|gie|gie=BINARY ... --epp-config NAME=PATH ... --gie-config NAME=PATH ... [--kv-port 5810]
-       [--epp-listen-all]]
+       [--kubeconfig PATH] [--epp-listen-all]]
 """
 
 from __future__ import absolute_import, division, print_function
@@ -106,9 +108,9 @@ import signal
 import sys
 import time
 
-from _routing import module_utils
+import _lab
 from _routing.lanes import (  # noqa: F401  pylint: disable=unused-import
-    CONFIG_OPTIONS, EPP_LABELS, EPP_WORDS, GIE_NAMESPACE, GIE_POOL, GIE_POOL_MANIFESTS, EPPLane, GIELane, KwokCluster, Lanes,
+    CONFIG_OPTIONS, EPP_LABELS, EPP_WORDS, GIE_NAMESPACE, GIE_POOL, GIE_POOL_MANIFESTS, EPPLane, GIELane, Lanes,
     asked_epps, epp_lanes, epp_policies, one_port, parse_epp, parse_epp_config, parse_gie_config, prefix_match, resolve_epps,
     select_configs)
 from _routing.policies import POLICIES, SPECULATIVE_TTL  # noqa: F401  pylint: disable=unused-import
@@ -117,8 +119,8 @@ from _routing.runner import RoutingBench, parse_engine, percentile, prefix_count
 from _routing.workloads import (  # noqa: F401  pylint: disable=unused-import
     DEFAULTS, WORKLOAD_NOTES, WORKLOADS, Request, build_workload, draw_tag, fit_prefix_words, plan, sequential, workload_spec)
 
-errors = module_utils("common.errors")
-_epp_local = module_utils("epp.local")
+from ansible_collections.inference_cache.substrate.plugins.module_utils.common import errors  # noqa: E402  pylint: disable=wrong-import-order
+from ansible_collections.inference_cache.substrate.plugins.module_utils.epp import local as _epp_local  # noqa: E402  pylint: disable=wrong-import-order
 
 # One port on two addresses: an InferencePool (the GIE EPP) has one target port for all its pods.
 DEFAULT_ENGINES = ("bench-a=8400,5800,5801", "bench-b=127.0.0.2:8400,5802,5803")
@@ -126,6 +128,8 @@ DEFAULT_ENGINES = ("bench-a=8400,5800,5801", "bench-b=127.0.0.2:8400,5802,5803")
 
 def parser_of():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--engines-file", metavar="PATH", help="the engines a playbook started, as their roles published them "
+                        "(benchmarks/bench_routing.yml writes it): with each one's service record, which the restart workload needs")
     parser.add_argument("--engine", action="append", type=parse_engine, help="NAME=[HOST:]PORT,EVENTS_PORT,REPLAY_PORT (repeat; "
                         "default: %s)" % " ".join(DEFAULT_ENGINES))
     parser.add_argument("--policies", help="comma-separated, of %s and epp:NAME for each --epp-config (default: all)" % ", ".join(POLICIES))
@@ -147,8 +151,8 @@ def parser_of():
     parser.add_argument("--gie-pool", metavar="PATH", default=GIE_POOL_MANIFESTS, help="the router role's rendered manifests "
                         "holding its InferencePool (router_impl gie), which the GIE lane applies in its kwok cluster; default: "
                         "what make bench-routing renders (benchmarks/epp_configs.yml)")
-    parser.add_argument("--restart-command", metavar="CMD", help="a shell command that stops and starts the engine named by "
-                        "{engine} (the restart workload; make bench-routing passes its playbook)")
+    parser.add_argument("--kubeconfig", metavar="PATH", help="the kwok cluster the GIE lane puts its InferencePool in "
+                        "(benchmarks/bench_routing.yml starts one and passes it)")
     parser.add_argument("--kv-port", type=int, default=5810, help="the relays' KV-event port on each engine address (the "
                         "configs' podDiscoveryConfig.socketPort)")
     parser.add_argument("--epp-listen-all", action="store_true", help="run the EPP unconfined: its ext_proc, health and "
@@ -171,7 +175,13 @@ def parser_of():
 
 def chosen(parser, args):
     """``(engines, policies, workload names)`` of the arguments; a wrong one ends the run with one sentence (exit 2)."""
-    engines = args.engine or [parse_engine(e) for e in DEFAULT_ENGINES]
+    if args.engines_file and args.engine:
+        parser.error("give the engines by --engines-file or by --engine, not both")
+    try:
+        engines = (_lab.load_engines(args.engines_file) if args.engines_file
+                   else args.engine or [parse_engine(e) for e in DEFAULT_ENGINES])
+    except (OSError, ValueError, KeyError) as exc:
+        parser.error("cannot read the engines file %s (%s); benchmarks/bench_routing.yml writes it" % (args.engines_file, exc))
     try:
         asked_epps(args.epp)
         epp_names = list(epp_policies({"llm-d": args.epp_config, "gie": args.gie_config}))
@@ -184,10 +194,10 @@ def chosen(parser, args):
     names = list(WORKLOADS) if args.workload == "all" else [w.strip() for w in args.workload.split(",") if w.strip()]
     if [w for w in names if w not in WORKLOADS] or not names:
         parser.error("unknown workload in %r: the workloads are %s, or all" % (args.workload, ", ".join(WORKLOADS)))
-    if "restart" in names and not args.restart_command:
+    if "restart" in names and not all(e.get("service") for e in engines):
         if args.workload != "all":
-            parser.error("the restart workload needs --restart-command (make bench-routing passes one)")
-        print("bench_routing: the restart workload is left out: no --restart-command")
+            parser.error("the restart workload needs the engines' service records: give --engines-file (make bench-routing does)")
+        print("bench_routing: the restart workload is left out: the engines' service records are not known (no --engines-file)")
         names.remove("restart")
     if len(engines) < 2 or args.repeats < 1 or args.requests < 1:
         parser.error("at least two engines, one repeat and one request")
@@ -236,7 +246,7 @@ def main():
     seeds = list(range(args.seed, args.seed + args.repeats))
     params = {"engines": engines, "workload": {}, "expect": {}, "max_tokens": args.max_tokens, "settle": args.settle,
               "event_wait": 5.0, "timeout": args.timeout, "request_timeout": 120.0}
-    bench = RoutingBench(params, plan(args, names, policies, seeds), epp=lane, restart_command=args.restart_command)
+    bench = RoutingBench(params, plan(args, names, policies, seeds), epp=lane)
     started = time.time()
     rows, rc = run(bench, lane)
     if rc == 0:

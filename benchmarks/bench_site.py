@@ -4,32 +4,25 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
 
-"""Where the time of a newcomer's first ``make site`` goes: playbooks/site.yml on a fresh HOME, then once more.
+"""Where the time of a newcomer's first ``make site`` goes: the report of ``benchmarks/bench_site.sh``.
 
-A HOME of its own, made empty here (as .ci/run does): the engine's virtual environment, model, run folder and
-report start from nothing. Download caches are shared with the machine's (uv's and pip's archive caches under
-``~/.cache/substrate-ci`` of the real HOME, or UV_CACHE_DIR / PIP_CACHE_DIR when set), as CI shares them;
-``--no-shared-cache`` leaves them in the fresh HOME too (every package downloaded again).
+``make bench-site`` runs ``benchmarks/bench_site.sh``: playbooks/site.yml on a fresh HOME, cold then warm, each timed task by
+task by the collection's callback plugin ``inference_cache.substrate.timings`` (``benchmarks/time_playbook.sh``), the engine
+stopped and the HOME removed at the end. This script runs no playbook: it reads what those runs left (``--report FOLDER``)
+and, called between them, the engine's CPU (``--engine-cpu HOME``).
 
-The first (cold) run is timed task by task by the collection's callback plugin ``inference_cache.substrate.timings``
-(enabled for these runs only) and split into: install (roles/local_engine/tasks/install.yml; right after an install
-its check builds the tiny model too, in a child process beside the imports, so that time shows here), model build
-(model.yml), engine start (the local_service task), first verification (the verify role) and the rest
-(Ansible's own start, facts, the launcher, ...). The engine's start is split further from its log: the API server's
-imports, the EngineCore process, the worker process (when there is one), model and KV cache, the server listening.
-Beside each phase's seconds, its CPU seconds (user and system): those of ansible-playbook and the processes it waited
-for (the callback's), and for the engine start those of the engine's own processes, read from /proc when the run
-ends (the verification's few requests included). A job of an ``async`` task (the vLLM install) is not counted. On a
-loaded machine the seconds grow with the load and the CPU seconds much less: compare those.
-The second run must report ``changed=0`` and take less than ``--warm-limit`` seconds (20). The engine is stopped at
-the end (playbooks/teardown.yml with the same HOME), also on failure, and the fresh HOME removed (``--keep-home``
-keeps it).
+The cold run is split into: install (roles/local_engine/tasks/install.yml; right after an install its check builds the tiny
+model too, in a child process beside the imports, so that time shows here), model build (model.yml), engine start (the
+local_service task), first verification (the verify role) and the rest (Ansible's own start, facts, the launcher, ...). The
+engine's start is split further from its log: the API server's imports, the EngineCore process, the worker process (when
+there is one), model and KV cache, the server listening. Beside each phase's seconds, its CPU seconds (user and system):
+those of ansible-playbook and the processes it waited for (the callback's), and for the engine start those of the engine's
+own processes, read from /proc right after the cold run (the verification's few requests included). A job of an
+``async`` task (the vLLM install) is not counted. On a loaded machine the seconds grow with the load and the CPU seconds
+much less: compare those. The second run must report ``changed=0`` and take less than ``--warm-limit`` seconds (20).
 
-The engine listens on its own ports (8500, events 5900, replay 5901 by default), not the local default's 8000, so
-that an engine of ``make site`` may run beside it.
-
-  .venv/bin/python benchmarks/bench_site.py [--runs 1] [--port 8500] [--kv-port 5900] [--replay-port 5901]
-                                            [--no-shared-cache] [--keep-home] [--json] [-- more ansible-playbook args]
+  .venv/bin/python benchmarks/bench_site.py --report FOLDER --home HOME [--shared-caches UV PIP] [--warm-limit 20] [--json]
+  .venv/bin/python benchmarks/bench_site.py --engine-cpu HOME
 """
 
 from __future__ import absolute_import, division, print_function
@@ -38,14 +31,9 @@ import argparse
 import json
 import os
 import re
-import shutil
-import subprocess
 import sys
-import tempfile
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-PLAYBOOK = os.path.join(ROOT, ".venv", "bin", "ansible-playbook")
 PHASES = ("install", "model build", "engine start", "first verification", "rest")
 RECAP_RE = re.compile(r"changed=(\d+)")
 # vLLM's log lines: "(APIServer pid=1) INFO 12-03 07:48:11 [file.py:1] message".
@@ -143,77 +131,53 @@ def engine_phases(log_path, start_epoch):
     return marks
 
 
-def run_site(env, extra, log_path):
-    """One site.yml run: (wall seconds, return code, output)."""
-    command = [PLAYBOOK, "-i", "inventories/local", "playbooks/site.yml"] + extra
-    start = time.monotonic()
-    with open(log_path, "w") as log:
-        proc = subprocess.run(command, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, check=False)
-    wall = time.monotonic() - start
-    with open(log_path, errors="replace") as handle:
-        output = handle.read()
-    return wall, proc.returncode, output
-
-
 def recap_changed(output):
     recap = output[output.rfind("PLAY RECAP"):]
     found = RECAP_RE.findall(recap)
     return sum(int(n) for n in found) if found else None
 
 
-def fresh_env(home, shared):
-    env = dict(os.environ, HOME=home, ANSIBLE_ASYNC_DIR=os.path.join(home, ".ansible_async"),
-               ANSIBLE_CONFIG=os.path.join(ROOT, "ansible.cfg"), ANSIBLE_FORCE_COLOR="0", ANSIBLE_NOCOLOR="1",
-               ANSIBLE_CALLBACKS_ENABLED="inference_cache.substrate.timings")
-    for name in ("UV_CACHE_DIR", "PIP_CACHE_DIR"):
-        env.pop(name, None)
-    if shared:
-        real = os.path.expanduser("~")
-        env["UV_CACHE_DIR"] = os.environ.get("UV_CACHE_DIR") or os.path.join(real, ".cache", "substrate-ci", "uv")
-        env["PIP_CACHE_DIR"] = os.environ.get("PIP_CACHE_DIR") or os.path.join(real, ".cache", "substrate-ci", "pip")
-    return env
+def read_runs(folder):
+    """``{run: (exit code, seconds)}`` of benchmarks/time_playbook.sh's runs.tsv."""
+    runs = {}
+    with open(os.path.join(folder, "runs.tsv")) as handle:
+        for line in handle:
+            number, code, seconds = line.split()
+            runs[int(number)] = (int(code), float(seconds))
+    return runs
 
 
-def one_round(args, extra):
-    """Cold run, warm run, teardown on a fresh HOME; returns the figures."""
-    home = tempfile.mkdtemp(prefix="substrate-bench-site-home.")
-    env = fresh_env(home, not args.no_shared_cache)
-    figures = {"home": home, "shared_caches": [env.get("UV_CACHE_DIR"), env.get("PIP_CACHE_DIR")],
-               "load_average": os.getloadavg()}
+def figures_of(folder, home, shared):
+    """The figures of a cold and a warm run that benchmarks/bench_site.sh left in ``folder`` (HOME ``home``)."""
+    runs = read_runs(folder)
+    figures = {"home": home, "shared_caches": list(shared), "load_average": os.getloadavg()}
+    code, wall = runs.get(1, (None, None))
+    if code != 0:
+        raise SystemExit("the cold run failed (%s); its output: %s" % (code, os.path.join(folder, "run-1.log")))
+    with open(os.path.join(folder, "run-1.json")) as handle:
+        timings = json.load(handle)
+    phases, cpu, per_task = breakdown(timings, wall)
     try:
-        env["INFERENCE_CACHE_TIMINGS_PATH"] = os.path.join(home, "timings-cold.json")
-        wall, code, output = run_site(env, extra, os.path.join(home, "site-cold.log"))
-        if code != 0:
-            raise SystemExit("the cold run failed (%d); its output: %s\n%s" % (code, os.path.join(home, "site-cold.log"), output[-3000:]))
-        with open(env["INFERENCE_CACHE_TIMINGS_PATH"]) as handle:
-            timings = json.load(handle)
-        phases, cpu, per_task = breakdown(timings, wall)
-        engine = engine_cpu(home)
-        if engine is not None:
-            cpu["engine start"] += engine
-        engine_task = [t for t in timings["tasks"] if phase_of(t) == "engine start"]
-        log = os.path.join(home, ".cache", "inference_cache", "local_engine", "run", "default", "engine.log")
-        marks = engine_phases(log, timings["started"] + engine_task[0]["start"]) if engine_task else []
-        figures.update(cold=round(wall, 1), phases=dict((k, round(v, 1)) for k, v in phases.items()),
-                       cpu=dict((k, round(v, 1)) for k, v in cpu.items()), engine_cpu=engine,
-                       slowest_tasks=[(round(s, 1), name, phase) for s, name, phase in per_task[:8]], engine_marks=marks)
-
-        env["INFERENCE_CACHE_TIMINGS_PATH"] = os.path.join(home, "timings-warm.json")
-        wall, code, output = run_site(env, extra, os.path.join(home, "site-warm.log"))
-        if code != 0:
-            raise SystemExit("the second run failed (%d); its output: %s\n%s" % (code, os.path.join(home, "site-warm.log"), output[-3000:]))
-        with open(env["INFERENCE_CACHE_TIMINGS_PATH"]) as handle:
-            warm_cpu = json.load(handle)["cpu"]
-        figures.update(warm=round(wall, 1), warm_cpu=round(warm_cpu, 1), warm_changed=recap_changed(output))
-        figures["load_average_after"] = os.getloadavg()
-    finally:
-        env.pop("ANSIBLE_CALLBACKS_ENABLED", None)
-        stop = subprocess.run([PLAYBOOK, "-i", "inventories/local", "playbooks/teardown.yml"] + extra, cwd=ROOT, env=env,
-                              capture_output=True, text=True, check=False)
-        if stop.returncode != 0:
-            sys.stderr.write("teardown failed (%d): %s\n" % (stop.returncode, stop.stdout[-2000:]))
-        if not args.keep_home:
-            shutil.rmtree(home, ignore_errors=True)
+        with open(os.path.join(folder, "engine-cpu.json")) as handle:
+            engine = json.load(handle)
+    except (IOError, OSError, ValueError):
+        engine = None
+    if engine is not None:
+        cpu["engine start"] += engine
+    engine_task = [t for t in timings["tasks"] if phase_of(t) == "engine start"]
+    log = os.path.join(home, ".cache", "inference_cache", "local_engine", "run", "default", "engine.log")
+    marks = engine_phases(log, timings["started"] + engine_task[0]["start"]) if engine_task else []
+    figures.update(cold=round(wall, 1), phases=dict((k, round(v, 1)) for k, v in phases.items()),
+                   cpu=dict((k, round(v, 1)) for k, v in cpu.items()), engine_cpu=engine,
+                   slowest_tasks=[(round(s, 1), name, phase) for s, name, phase in per_task[:8]], engine_marks=marks)
+    code, wall = runs.get(2, (None, None))
+    if code != 0:
+        raise SystemExit("the second run failed (%s); its output: %s" % (code, os.path.join(folder, "run-2.log")))
+    with open(os.path.join(folder, "run-2.json")) as handle:
+        warm_cpu = json.load(handle)["cpu"]
+    with open(os.path.join(folder, "run-2.log"), errors="replace") as handle:
+        changed = recap_changed(handle.read())
+    figures.update(warm=round(wall, 1), warm_cpu=round(warm_cpu, 1), warm_changed=changed)
     return figures
 
 
@@ -235,30 +199,24 @@ def show(figures, warm_limit):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--runs", type=int, default=1, help="fresh-HOME rounds (cold, warm, teardown each)")
-    parser.add_argument("--port", type=int, default=8500, help="the engine's HTTP port")
-    parser.add_argument("--kv-port", type=int, default=5900, help="the KV-event port (the check binds it)")
-    parser.add_argument("--replay-port", type=int, default=5901, help="the engine's replay port")
-    parser.add_argument("--no-shared-cache", action="store_true", help="download caches in the fresh HOME too (all downloaded again)")
-    parser.add_argument("--keep-home", action="store_true", help="keep each fresh HOME (its logs, timings and the engine's venv)")
+    parser.add_argument("--report", metavar="FOLDER", help="what benchmarks/bench_site.sh's runs left there")
+    parser.add_argument("--home", help="the fresh HOME of those runs (the engine's log is under it)")
+    parser.add_argument("--shared-caches", nargs=2, default=["", ""], metavar=("UV", "PIP"), help="the download caches shared")
+    parser.add_argument("--engine-cpu", metavar="HOME", help="print the CPU seconds of the engine running under HOME (JSON)")
     parser.add_argument("--warm-limit", type=float, default=20.0, help="seconds the second run may take")
-    parser.add_argument("--json", action="store_true", help="one JSON object per round instead of the text")
-    parser.add_argument("extra", nargs="*", help="more ansible-playbook arguments (after --)")
+    parser.add_argument("--json", action="store_true", help="one JSON object instead of the text")
     args = parser.parse_args()
-    extra = ["-e", json.dumps({"local_engine_port": args.port,
-                               "local_engine_kv_events_endpoint": "tcp://127.0.0.1:%d" % args.kv_port,
-                               "local_engine_kv_events_replay_endpoint": "tcp://127.0.0.1:%d" % args.replay_port})] + args.extra
-    failed = False
-    for number in range(args.runs):
-        figures = one_round(args, extra)
-        if args.json:
-            print(json.dumps(figures, sort_keys=True))
-        else:
-            if args.runs > 1:
-                print("== round %d of %d" % (number + 1, args.runs))
-            show(figures, args.warm_limit)
-        failed = failed or figures["warm_changed"] != 0 or figures["warm"] >= args.warm_limit
-    return 1 if failed else 0
+    if args.engine_cpu:
+        print(json.dumps(engine_cpu(args.engine_cpu)))
+        return 0
+    if not args.report or not args.home:
+        parser.error("give --report FOLDER --home HOME (benchmarks/bench_site.sh does), or --engine-cpu HOME")
+    figures = figures_of(args.report, args.home, args.shared_caches)
+    if args.json:
+        print(json.dumps(figures, sort_keys=True))
+    else:
+        show(figures, args.warm_limit)
+    return 1 if figures["warm_changed"] != 0 or figures["warm"] >= args.warm_limit else 0
 
 
 if __name__ == "__main__":

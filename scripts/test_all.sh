@@ -14,8 +14,8 @@
 #           never by looking for a binary: the engine lane's EPP tests (test_epp_route_engine.py) may reach the GIE EPP
 #           long before a cold build of it ends, and wait for it; the simulator (llm-d-inference-sim), which this lane does
 #           not build, is built on first use the same way (molecule kwok_fleet, test_simulated_engine.py);
-#   checks  everything else (ansible-test sanity and units, lint, the other molecule tests, build, then the other pytest
-#           tests, whose kwok cluster modules run last: tests/integration/conftest.py).
+#   checks  everything else (go test of tools/kvcache_probe, ansible-test sanity and units, lint, the other molecule tests,
+#           build, then the other pytest tests, whose kwok cluster modules run last: tests/integration/conftest.py).
 # The lanes share no port, file or engine. A stage's output is printed in one block when it ends.
 # The builds lane runs at normal priority and the others at nice 5: where the Go builds are cold (a fresh machine,
 # about 40 minutes of CPU) they get a larger share of the 2 cores (not all: vLLM threads and ansible forks run too),
@@ -33,6 +33,7 @@ rm -f "$logs"/*.status
 declare -A cmd=(
   [changelog]="make changelog"
   [argspecs]="make argspecs"
+  [gotest]="make gotest"  # go test of the collection's own Go program (tools/kvcache_probe)
   [sanity]="make sanity"
   [units]="make units"
   [integration]="make integration"
@@ -47,7 +48,7 @@ declare -A cmd=(
   [molecule-kwok]="make molecule SCENARIOS=kwok"  # the Kubernetes path on kwok, real engines behind its pods, the GIE EPP
 )
 engine_lane=(molecule-engine engine molecule-destroy molecule-kv-index molecule-kwok)
-checks_lane=(changelog argspecs sanity units lint molecule-checks build integration)
+checks_lane=(changelog argspecs gotest sanity units lint molecule-checks build integration)
 builds_lane=(go-build)
 all=("${builds_lane[@]}" "${checks_lane[@]}" "${engine_lane[@]}")
 

@@ -6,7 +6,7 @@
 
 """Synthetic KV-event publisher: real-shaped vLLM (map or array events) and SGLang frames, with a replay ROUTER.
 
-The publisher itself is tools/_kv_synthetic.py (test and tool code, kept out of the modules' payload).
+The publisher itself is tests/harness/kv_synthetic.py (test and tool code, kept out of the modules' payload).
 
 Examples:
   # like vLLM with tcp://*:5557 (binds), replay on 5558, a repairable gap at batch 3 and a restart at batch 6
@@ -24,12 +24,18 @@ from __future__ import absolute_import, division, print_function
 __metaclass__ = type  # pylint: disable=invalid-name
 
 import argparse
+import importlib.util
 import json
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import _kv_synthetic as synth  # noqa: E402  pylint: disable=wrong-import-position,import-error
+# The collection's Python by its full name, through its one loader (this file is tools/ of a checkout).
+_LOADER_SPEC = importlib.util.spec_from_file_location(
+    "inference_cache_substrate_loader", os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "plugins", "module_utils", "_loader.py"))
+_LOADER = importlib.util.module_from_spec(_LOADER_SPEC)
+_LOADER_SPEC.loader.exec_module(_LOADER)
+_LOADER.collection()
+from ansible_collections.inference_cache.substrate.tests.harness import kv_synthetic as synth  # noqa: E402  pylint: disable=wrong-import-position
 
 
 def _ints(text):

@@ -16,12 +16,17 @@ from __future__ import absolute_import, division, print_function
 __metaclass__ = type  # pylint: disable=invalid-name
 
 import argparse
+import importlib.util
 import json
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _loader import module_utils  # noqa: E402  pylint: disable=wrong-import-position
+# The collection's Python by its full name, through its one loader (this file is tools/ of a checkout).
+_LOADER_SPEC = importlib.util.spec_from_file_location(
+    "inference_cache_substrate_loader", os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "plugins", "module_utils", "_loader.py"))
+_LOADER = importlib.util.module_from_spec(_LOADER_SPEC)
+_LOADER_SPEC.loader.exec_module(_LOADER)
+module_utils = _LOADER.module_utils
 
 
 # The shared messages name the module's options; this tool says its own flags instead.

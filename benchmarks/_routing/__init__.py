@@ -9,23 +9,29 @@
   behind a per-configuration tag;
 * ``policies``: the stand-in router's policies (precise, precise-speculative, approximate, load-only, random): scores
   and the pick;
-* ``runner``: ``RoutingBench``, kv_index_check's subscriptions and index driving requests to ONE engine each;
-* ``lanes``: the real EPPs (the llm-d EPP with file discovery and KV relays; the GIE EPP over a kwok cluster's
-  InferencePool), which EPPs run and with which configurations;
+* ``runner``: ``RoutingBench``, the collection's live KV-block index (``kv/live_index.LiveIndex``) and engines
+  (``kv/engines.py``) driving requests to ONE engine each;
+* ``lanes``: the real EPPs (the llm-d EPP with file discovery and KV relays; the GIE EPP over the InferencePool of the kwok
+  cluster the benchmark's playbook started), which EPPs run and with which configurations;
 * ``report``: the printed tables and the study folder (``benchmarks/_study_report.py``, plots by ``plots``);
 * ``fleet``, ``fleet_workloads``, ``simkeys``: the study at scale over simulated engines (bench_fleet.py).
 
-``module_utils(name)`` loads the collection's ``plugins/module_utils/<name>.py`` (tools/_loader.py).
+The collection's Python is imported by its full name, made importable by its one loader (``benchmarks/_lab.py`` runs it);
+``module_utils(name)`` is that loader's, for the parts that load a module by its dotted name.
 """
 
 from __future__ import absolute_import, division, print_function
 
+import importlib.util
 import os
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BENCHMARKS = os.path.join(ROOT, "benchmarks")
-for _path in (os.path.join(ROOT, "tools"), BENCHMARKS):
-    if _path not in sys.path:
-        sys.path.insert(0, _path)
-from _loader import module_utils  # noqa: E402,F401  pylint: disable=wrong-import-position,unused-import
+if BENCHMARKS not in sys.path:
+    sys.path.insert(0, BENCHMARKS)
+_LOADER_SPEC = importlib.util.spec_from_file_location(
+    "inference_cache_substrate_loader", os.path.join(ROOT, "plugins", "module_utils", "_loader.py"))
+_LOADER = importlib.util.module_from_spec(_LOADER_SPEC)
+_LOADER_SPEC.loader.exec_module(_LOADER)
+module_utils = _LOADER.module_utils

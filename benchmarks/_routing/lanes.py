@@ -10,10 +10,10 @@
   port>``, the one port the EPP's precise producer dials per endpoint (``podDiscoveryConfig.socketPort``), which the
   bench subscribes to as well.
 * the Gateway API Inference Extension's EPP (``GIELane``): approximate prefix-cache scoring from its own routing
-  history, no KV events; it discovers its endpoints through the Kubernetes API only, so the lane starts a kwok cluster
-  (``benchmarks/kwok_cluster.yml``) holding one simulated pod per engine whose IP is the engine's address and the
-  router role's InferencePool over them; a fresh EPP per configuration reconciles that pool. An InferencePool has one
-  target port, so the engines listen on one port, each on its own 127.x address.
+  history, no KV events; it discovers its endpoints through the Kubernetes API only, so the lane puts, in the kwok cluster
+  the benchmark's playbook started (``--kubeconfig``: ``benchmarks/bench_routing.yml``), one simulated pod per engine whose
+  IP is the engine's address and the router role's InferencePool over them; a fresh EPP per configuration reconciles that
+  pool. An InferencePool has one target port, so the engines listen on one port, each on its own 127.x address.
 * ``Lanes``: every lane of the run, by configuration name; asks the current EPP for its pick over ext_proc
   (``epp/extproc.ask_pick``) and removes the run's scratch folder when it closes.
 
@@ -31,27 +31,22 @@ import json
 import os
 import re
 import shutil
-import subprocess
-import sys
 import tempfile
 
 import yaml
 
 from . import ROOT, module_utils
-
-http = module_utils("http.openai")
-wiring = module_utils("common.wiring")
-errors = module_utils("common.errors")
-_epp_local = module_utils("epp.local")
-_epp_kube = module_utils("epp.local_kube")
+from ansible_collections.inference_cache.substrate.plugins.module_utils.common import errors, wiring
+from ansible_collections.inference_cache.substrate.plugins.module_utils.epp import local as _epp_local
+from ansible_collections.inference_cache.substrate.plugins.module_utils.http import openai as http
+from ansible_collections.inference_cache.substrate.tests.harness import epp_lab
 
 
 # The real EPPs the bench knows (epp/local.IMPLS) and how the report names them.
 EPP_LABELS = {"llm-d": "llm-d EPP %s" % wiring.ROUTER_VERSION, "gie": "GIE EPP %s" % _epp_local.GIE_VERSION}
 EPP_WORDS = {"llm-d": "the llm-d router's EPP %s" % wiring.ROUTER_VERSION,
              "gie": "the Gateway API Inference Extension's EPP %s" % _epp_local.GIE_VERSION}
-# The GIE lane's side of Kubernetes: the kwok cluster of benchmarks/kwok_cluster.yml, its namespace and InferencePool.
-KWOK_PLAYBOOK = os.path.join(ROOT, "benchmarks", "kwok_cluster.yml")
+# The GIE lane's side of Kubernetes: its namespace and InferencePool in the kwok cluster the benchmark's playbook started.
 GIE_NAMESPACE, GIE_POOL = "bench-routing", "bench-routing-pool"
 # The router role's InferencePool, as make bench-routing renders it (benchmarks/epp_configs.yml, router_impl gie).
 GIE_POOL_MANIFESTS = os.path.join(ROOT, "out", "bench-routing", "epp", "gie", "router", "manifests.yaml")
@@ -107,7 +102,7 @@ class EPPLane:
         """Bind the relays (each engine connects to its own endpoint); the bench then subscribes to their public side."""
         for spec in self.specs:
             public = "tcp://%s:%d" % (spec["host"], self.kv_port)
-            self.relays.append(_epp_local.Relay(spec["endpoint"], public))
+            self.relays.append(epp_lab.Relay(spec["endpoint"], public))
             spec["endpoint"], spec["socket_mode"] = public, "connect"
         return self
 
@@ -134,13 +129,15 @@ class EPPLane:
                                             "kv_events_port %d, or pass --kv-port %s." % (name, port, self.kv_port, self.kv_port, port))
 
     def _new(self, name, i):
-        return _epp_local.EPP(self.binary, self.configs[name], [(s["name"], s["host"], s["port"]) for s in self.specs], self.folder,
-                              name="epp-%s-%d" % (re.sub(r"[^\w.-]", "-", name), i), confine=self.confine)
+        endpoints = [(s["name"], s["host"], s["port"]) for s in self.specs]
+        label = "epp-%s-%d" % (re.sub(r"[^\w.-]", "-", name), i)
+        return _epp_local.EPP(self.binary, epp_lab.file_discovery(self.configs[name], endpoints, self.folder, label), endpoints,
+                              self.folder, name=label, confine=self.confine)
 
     def _ready(self, epp, name, before):
         """Once the EPP subscribes to every relay when it reads events."""
         if any((p.get("kvEventsConfig") or {}).get("discoverPods") for p in self._precise(self.configs[name])):
-            _epp_local.wait_subscribed(self.relays, [n + 1 for n in before])
+            epp_lab.wait_subscribed(self.relays, [n + 1 for n in before])
 
     @contextlib.contextmanager
     def router(self, name, count=1):
@@ -178,78 +175,33 @@ def one_port(specs):
     return ports[0]
 
 
-class KwokCluster:
-    """The kwok cluster of benchmarks/kwok_cluster.yml: started by ``start()`` (its kubeconfig returned), removed by ``stop()``.
-
-    The playbook's output goes to stderr (a first start builds kube-apiserver and the rest from the Go module proxy, with a
-    progress line every 10 s); a failure becomes one sentence with the playbook's last message."""
-
-    def __init__(self, folder, playbook=KWOK_PLAYBOOK, extra=()):
-        self.folder = folder
-        self.playbook = playbook
-        self.extra = list(extra)
-        self.info = None
-        self.started = False
-
-    def _run(self, state):
-        binary = os.path.join(ROOT, ".venv", "bin", "ansible-playbook")
-        info = os.path.join(self.folder, "kwok-info.json")
-        cmd = [binary if os.path.exists(binary) else "ansible-playbook", self.playbook, "-e", "kwok_cluster_state=%s" % state,
-               "-e", "bench_kwok_info=%s" % info] + self.extra
-        env = dict(os.environ, ANSIBLE_CONFIG=os.path.join(ROOT, "ansible.cfg"), ANSIBLE_FORCE_COLOR="0", ANSIBLE_NOCOLOR="1")
-        log = os.path.join(self.folder, "kwok-%s.log" % state)
-        with open(log, "w", encoding="utf-8") as out:
-            proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # pylint: disable=consider-using-with
-            for line in proc.stdout:
-                out.write(line)
-                sys.stderr.write(line)
-            proc.wait()
-        if proc.returncode != 0:
-            with open(log, encoding="utf-8") as handle:
-                said = [line.strip() for line in handle if '"msg":' in line or line.strip().startswith("msg:")]
-            raise errors.CheckError("The kwok cluster of %s did not reach state %s (%s); its output is in %s." % (
-                os.path.relpath(self.playbook, ROOT), state, (said[-1].split(":", 1)[1].strip(' "') if said else "exit %d" % proc.returncode)[:300], log))
-        if state == "present":
-            with open(info, encoding="utf-8") as handle:
-                self.info = json.load(handle)
-        return self.info
-
-    def start(self):
-        self.started = True
-        return self._run("present")["kubeconfig"]
-
-    def stop(self):
-        if self.started:
-            self.started = False
-            self._run("absent")
-
-
 class GIELane(EPPLane):
     """The Gateway API Inference Extension's EPP for its ``epp:NAME`` policies: a kwok cluster, an InferencePool over one
     simulated pod per engine (each pod's IP its engine's address), a fresh EPP per configuration reconciling that pool."""
 
     impl = "gie"
 
-    def __init__(self, binary, configs, specs, folder, confine=True, cluster=None, pool=GIE_POOL_MANIFESTS):
+    def __init__(self, binary, configs, specs, folder, confine=True, kubeconfig=None, pool=GIE_POOL_MANIFESTS):
         super(GIELane, self).__init__(binary, configs, specs, None, folder, confine=confine)
-        self.cluster = cluster if cluster is not None else KwokCluster(folder)
+        self.kubeconfig = kubeconfig
         self.pool_manifests = pool
         self.port = one_port(specs)
         self.pool = None
-        self.kubeconfig = None
 
     def describe(self):
-        return ("%s: %s (%s), discovering the engines through InferencePool %s/%s of kwok cluster %s (a simulated pod per "
+        return ("%s: %s (%s), discovering the engines through InferencePool %s/%s of the kwok cluster of %s (a simulated pod per "
                 "engine, its IP the engine's address)" % (
                     ", ".join("epp:%s" % n for n in sorted(self.configs)), EPP_WORDS[self.impl], self.binary, GIE_NAMESPACE, GIE_POOL,
-                    (self.cluster.info or {}).get("name", "?")))
+                    self.kubeconfig))
 
     def open(self):
-        """The kwok cluster, the InferencePool CRDs, the namespace, the pool and its pods (until they run with the engines' IPs)."""
-        self.kubeconfig = self.cluster.start()
+        """The InferencePool CRDs, the namespace, the pool and its pods (until they run with the engines' IPs)."""
+        if not self.kubeconfig or not os.path.isfile(self.kubeconfig):
+            raise errors.CheckError("The GIE EPP discovers its endpoints through the Kubernetes API only: give the kubeconfig of a "
+                                    "kwok cluster (--kubeconfig; benchmarks/bench_routing.yml starts one), not %r." % (self.kubeconfig,))
         try:
-            self.pool = _epp_kube.GIEPool(self.kubeconfig, _epp_kube.rendered_pool(self.pool_manifests),
-                                          [(s["name"], s["host"]) for s in self.specs], name=GIE_POOL, namespace=GIE_NAMESPACE, port=self.port)
+            self.pool = epp_lab.GIEPool(self.kubeconfig, epp_lab.rendered_pool(self.pool_manifests),
+                                        [(s["name"], s["host"]) for s in self.specs], name=GIE_POOL, namespace=GIE_NAMESPACE, port=self.port)
             self.pool.apply(crds=_epp_local.gie_crds())
         except Exception as exc:  # pylint: disable=broad-except
             raise errors.CheckError("The GIE EPP's InferencePool could not be set up in the kwok cluster: %s" % (
@@ -257,20 +209,13 @@ class GIELane(EPPLane):
         return self
 
     def close(self):
-        """The pool (its namespace), then the cluster; each tried even when the other fails."""
-        problems = []
+        """The pool (its namespace; the cluster is the playbook's to stop)."""
         if self.pool is not None:
+            pool, self.pool = self.pool, None
             try:
-                self.pool.delete()
+                pool.delete()
             except Exception as exc:  # pylint: disable=broad-except
-                problems.append("the pool: %s" % exc)
-            self.pool = None
-        try:
-            self.cluster.stop()
-        except errors.CheckError as exc:
-            problems.append(exc.msg)
-        if problems:
-            raise errors.CheckError("Stopping the GIE lane failed: %s" % "; ".join(problems))
+                raise errors.CheckError("Stopping the GIE lane failed: the pool: %s" % exc)
 
     def check_configs(self, block_size):
         """A block size in a config's prefix-cache-scorer is the engines' (the EPP falls back to it without their metrics)."""
@@ -499,7 +444,8 @@ def epp_lanes(args, engines, policies, resolvers=None):
     try:
         for impl in sorted(configs):
             if impl == "gie":
-                lanes.append(GIELane(found[impl], configs[impl], engines, folder, confine=not args.epp_listen_all, pool=args.gie_pool))
+                lanes.append(GIELane(found[impl], configs[impl], engines, folder, confine=not args.epp_listen_all,
+                                     kubeconfig=getattr(args, "kubeconfig", None), pool=args.gie_pool))
             else:
                 lanes.append(EPPLane(found[impl], configs[impl], engines, args.kv_port, folder, confine=not args.epp_listen_all))
     except errors.CheckError as exc:

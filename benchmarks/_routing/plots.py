@@ -3,12 +3,13 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
 
-"""The fleet study's plots, drawn with matplotlib into deterministic SVG files (the same rows give the same bytes).
+"""The benchmarks' one plotting path: the studies' plots, drawn with matplotlib into deterministic SVG files (the same rows give the same bytes).
 
 Deterministic: the Agg backend, a fixed ``svg.hashsalt`` (the ids of clip paths and glyphs), text kept as text
 (``svg.fonttype`` none: no embedded glyph outlines), no date metadata. ``ttft_against_load`` draws one line per policy of
 its TTFT p90 at each step of the load ramp (mean over the seeds, the min-max as a band), one panel per workload;
-``hit_rate_against_limit`` one bar per policy of its hit rate (mean, min-max whisker) beside the referee's limit (a line).
+``hit_rate_against_limit`` one bar per policy of its hit rate (mean, min-max whisker) beside the referee's limit (a line);
+``summary_bars`` a bar per policy and workload of one metric of a study's summary (the routing study's hit rate and TTFT).
 """
 
 from __future__ import absolute_import, division, print_function
@@ -99,5 +100,40 @@ def hit_rate_against_limit(rows, path, title="Hit rate against the referee's lim
             ax.set_ylabel("prefix-cache hit rate (%)")
             ax.set_title(workload)
         fig.suptitle(title)
+        fig.tight_layout()
+        _save(fig, path)
+
+
+def summary_bars(summary, metric, path, title, unit, percent=False):
+    """One group of bars per workload, a bar per policy (the same colour in every group): the mean of ``metric`` over the
+    seeds with its min-max as a whisker, from the rows of a study's summary (``{"workload", "policy", metric: {"mean",
+    "min", "max"}}``); a policy without a value in a workload has no bar there."""
+    workloads = list(dict.fromkeys(r["workload"] for r in summary))
+    policies = list(dict.fromkeys(r["policy"] for r in summary))
+    scale = 100.0 if percent else 1.0
+    width = 0.8 / max(len(policies), 1)
+    labelled = set()
+    with plt.rc_context(STYLE):
+        fig, ax = plt.subplots(figsize=(max(4.6, 1.2 + 0.9 * len(workloads) * max(len(policies), 1) * 0.5), 3.6))
+        for j, (colour, policy) in enumerate(zip(COLOURS[1:] * 3, policies)):
+            for i, workload in enumerate(workloads):
+                row = [r for r in summary if r["workload"] == workload and r["policy"] == policy]
+                stats = row[0][metric] if row else {}
+                if not stats or stats.get("mean") is None:
+                    continue
+                x = i - 0.4 + width * (j + 0.5)
+                mean, low, high = (scale * stats[k] for k in ("mean", "min", "max"))
+                ax.bar(x, mean, width=width * 0.9, color=colour, label=None if policy in labelled else policy,
+                       gid="bar %s %s" % (workload, policy))
+                labelled.add(policy)
+                ax.errorbar(x, mean, yerr=[[mean - low], [high - mean]], color="black", capsize=2, linewidth=1)
+        ax.set_xticks(range(len(workloads)))
+        ax.set_xticklabels(workloads, rotation=20, ha="right")
+        ax.set_ylabel("%s (%%)" % unit if percent else unit)
+        if percent:
+            ax.set_ylim(0, 100)
+        if labelled:
+            ax.legend(loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=7)
+        ax.set_title(title)
         fig.tight_layout()
         _save(fig, path)

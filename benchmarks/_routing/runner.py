@@ -3,7 +3,11 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
 
-"""``RoutingBench``: kv_index_check's subscriptions, index and tokenizer; each request goes to ONE engine chosen by a policy.
+"""``RoutingBench``: the collection's live KV-block index and engines; each request goes to ONE engine chosen by a policy.
+
+It holds a ``kv/live_index.LiveIndex`` (the engines' streams, their replayed history, restarts: the index ``kv_index_check``
+proves exact) and the engines of ``kv/engines.py`` (tokenizer, cache sizes), and subclasses nothing. An engine restarted
+part way (the restart workload) is restarted through the service record its role published (``_lab.restart``).
 
 Per configuration: the prefix-cache hit rate from the engines' own counters (deltas of
 ``vllm:prefix_cache_hits_total`` / ``vllm:prefix_cache_queries_total`` on /metrics, in tokens), the cached tokens per
@@ -21,19 +25,20 @@ import collections
 import concurrent.futures
 import random
 import re
-import subprocess
 import sys
 import time
 
-from . import module_utils, policies
-from .workloads import sequential
+import _lab
+from ansible_collections.inference_cache.substrate.plugins.module_utils.common import errors, wiring
+from ansible_collections.inference_cache.substrate.plugins.module_utils.http import openai as http
+from ansible_collections.inference_cache.substrate.plugins.module_utils.kv import engines as kv_engines
+from ansible_collections.inference_cache.substrate.plugins.module_utils.kv import index_approx as approx_mod
+from ansible_collections.inference_cache.substrate.plugins.module_utils.kv import index_check
+from ansible_collections.inference_cache.substrate.plugins.module_utils.kv.index import predicted_cached_tokens
+from ansible_collections.inference_cache.substrate.plugins.module_utils.kv.live_index import LiveIndex
 
-check = module_utils("kv.index_check")
-approx_mod = module_utils("kv.index_approx")
-kv_index = module_utils("kv.index")
-http = module_utils("http.openai")
-wiring = module_utils("common.wiring")
-errors = module_utils("common.errors")
+from . import policies
+from .workloads import sequential
 
 COUNTER_RE = re.compile(r"^(vllm:prefix_cache_(?:hits|queries)_total)(?:\{[^}]*\})?\s+(\S+)\s*$", re.M)
 
@@ -60,11 +65,7 @@ def prefix_counters(metrics_text):
 
 
 def reachable(spec):
-    try:
-        http.OpenAIClient(spec["url"], timeout=5).get_json("/v1/models")
-    except http.OpenAIHTTPError as exc:
-        return str(exc)
-    return None
+    return _lab.reachable(spec["url"], "/v1/models")
 
 
 def parse_engine(text):
@@ -75,44 +76,59 @@ def parse_engine(text):
     host = host or "127.0.0.1"
     return {"name": name, "url": "http://%s:%s" % (host, port), "endpoint": "tcp://127.0.0.1:%s" % events, "host": host,
             "port": int(port), "socket_mode": "bind", "replay_endpoint": "tcp://127.0.0.1:%s" % replay,
-            "topic": wiring.kv_topic(host, port, "")}
+            "topic": wiring.kv_topic(host, port, ""), "service": {}}
 
 
-class RoutingBench(check.KVIndexCheck):
-    """KVIndexCheck's subscriptions, index and tokenizer; each request goes to ONE engine chosen by a policy.
+class RoutingBench:
+    """The collection's live index and engines; each request goes to ONE engine chosen by a policy.
 
-    ``configs``: ``[(label, policy, workload spec, requests)]``, run in order; ``run()`` returns one row each.
+    ``params``: the engines (specs of ``_lab.load_engines`` or ``parse_engine``), ``settle``, ``event_wait``, ``timeout``,
+    ``request_timeout``, ``max_tokens``. ``configs``: ``[(label, policy, workload spec, requests)]``, run in order (or a
+    callable that returns them once the engines are known); ``run()`` returns one row each.
     """
 
-    def __init__(self, params, configs, seed=0, epp=None, restart_command=None):
-        super(RoutingBench, self).__init__(params)
-        self.restart_command = restart_command
+    def __init__(self, params, configs, seed=0, epp=None):
+        self.params = params
         self.configs = configs
         self.seed = seed
         self.epp = epp   # Lanes (the real EPPs) or None
+        self.live = LiveIndex(settle=params["settle"], event_wait=params["event_wait"])
+        self.clock = self.live.clock
+        self.engines, self.by_name = [], {}
+        self.model = params.get("model")
+        self.block_size = None
         self.rows = []
         self.state = None
         self.token_counts = {}
         self.pool = None
-        # KVIndexCheck's own, set again for pylint (it does not see the base class through tools/_loader.py)
-        self.start = self.deadline = None
-        self.engines, self.by_name = [], {}
+
+    def prepare(self):
+        """The engines, their streams in the live index, the model and block size they report."""
+        self.live.deadline = self.clock() + self.params["timeout"]
+        self.engines, self.model, self.block_size = index_check.start_engines(self.params, self.live)
+        self.by_name = dict((e.name, e) for e in self.engines)
+
+    def tokenize(self, engine, prompt):
+        return kv_engines.tokenize(engine, self.model, prompt)
+
+    def settle(self, **kwargs):
+        self.live.settle(**kwargs)
 
     @property
     def policies(self):
         return [policy for _label, policy, _spec, _requests in self.configs]
 
     def run(self):
-        """KVIndexCheck.run's steps, with the configurations in place of its workload; returns one row per configuration."""
+        """The configurations in turn over the live index; returns one row per configuration."""
         self.prepare()
         for engine in self.engines:   # the topic the engine publishes under: kv@<host>:<port>@<served model name>
-            prefix, pod, model = wiring.split_topic(engine.topic)
+            prefix, pod, model = wiring.split_topic(engine.stream.topic) or ("kv", "%s:%s" % (engine.spec["host"], engine.spec["port"]), "")
             if not model:
                 host, port = pod.rsplit(":", 1)
-                engine.source.topic = wiring.kv_topic(host, port, self.model, prefix)
+                engine.stream.topic = wiring.kv_topic(host, port, self.model, prefix)
         if self.epp is not None:
             self.epp.check_configs(self.block_size)
-        with self.listening(), concurrent.futures.ThreadPoolExecutor(8) as pool:
+        with self.live.listening(), concurrent.futures.ThreadPoolExecutor(8) as pool:
             if callable(self.configs):
                 self.configs = self.configs(self)   # the plan needs the engines' tokenizer and cache sizes
             self.pool = pool
@@ -142,13 +158,13 @@ class RoutingBench(check.KVIndexCheck):
         return out
 
     def removed(self):
-        return dict((e.name, self.index.engines[e.name].removed_blocks if e.name in self.index.engines else 0) for e in self.engines)
+        return self.live.removed_blocks()
 
     def distinct_blocks(self, requests):
         """Distinct full-block keys of the prompts (the working set), by the engines' own tokenizer."""
         keys = set()
         for step in requests:
-            keys.update(self.index.prompt_keys(self.tokenize(self.engines[0], step.prompt)))
+            keys.update(self.live.prompt_keys(self.tokenize(self.engines[0], step.prompt)))
         return len(keys)
 
     def cache_blocks(self):
@@ -205,8 +221,8 @@ class RoutingBench(check.KVIndexCheck):
                 routed = self.route(queue.pop(0))
                 if routed is not None:
                     pending.append((routed, self.pool.submit(self.send, routed)))
-            self.consumer.poll(0.02)
-            self.drain()
+            self.live.consumer.poll(0.02)
+            self.live.drain()
             still = []
             for routed, future in pending:
                 if future.done():
@@ -233,24 +249,10 @@ class RoutingBench(check.KVIndexCheck):
         self.settle()
 
     def restart_engine(self, engine):
-        """Stop and start ``engine`` with the restart command; wait until it answers again and its events settle."""
-        if not self.restart_command:
-            raise errors.CheckError("The restart workload needs --restart-command (make bench-routing passes one).")
-        command = self.restart_command.replace("{engine}", engine.name)
+        """Stop and start ``engine`` through its role's service record; wait until it answers again and its events settle."""
         self.settle()
         self.state["counted"].append((self.state["before"], self.counters()))
-        try:
-            run = subprocess.run(command, shell=True, capture_output=True, text=True, timeout=900, check=False)
-        except subprocess.TimeoutExpired:
-            raise errors.CheckError("Restarting %s took more than 900 s: %s" % (engine.name, command))
-        if run.returncode != 0:
-            tail = " ".join((run.stdout + run.stderr).split()[-40:])
-            raise errors.CheckError("Restarting %s failed (exit %d): ...%s" % (engine.name, run.returncode, tail))
-        deadline = self.clock() + 300
-        while reachable(engine.spec):
-            if self.clock() > deadline:
-                raise errors.CheckError("%s did not answer within 300 s of its restart." % engine.name)
-            time.sleep(1)
+        _lab.restart(engine.spec)
         self.state["restarts"] = self.state.get("restarts", 0) + 1
         self.settle()
         self.state["before"] = self.counters()
@@ -258,7 +260,7 @@ class RoutingBench(check.KVIndexCheck):
     def speculative_tokens(self, router, name, keys, prompt_tokens):
         held = self.state["speculative"][router][name]
         count = policies.speculative_blocks(held, keys, self.clock())
-        return kv_index.predicted_cached_tokens(count, prompt_tokens, self.block_size)
+        return predicted_cached_tokens(count, prompt_tokens, self.block_size)
 
     def choose(self, policy, router, scores, body):
         """ONE engine by policy (policies.pick); a real EPP's pick is asked over ext_proc (lanes.Lanes.pick)."""
@@ -270,13 +272,12 @@ class RoutingBench(check.KVIndexCheck):
         """Decide where ``step`` goes (this thread reads the events); None when the router failed (counted)."""
         policy = self.state["policy"]
         router = (step.index - 1) % self.state["routers"]
-        self.drain()   # apply whatever arrived: in sequence the previous step settled, concurrently it did not
+        self.live.drain()   # apply whatever arrived: in sequence the previous step settled, concurrently it did not
         tokens = self.tokenize(self.engines[0], step.prompt)   # one model, one tokenizer on every engine
-        keys = self.index.prompt_keys(tokens)
+        keys = self.live.prompt_keys(tokens)
         self.state["keys"].update(keys)
         self.token_counts.setdefault((self.state["spec"].get("name"), self.state["spec"].get("seed"), policy), []).append(len(tokens))
-        precise = dict((e.name, kv_index.predicted_cached_tokens(self.index.lookup(e.name, keys), len(tokens), self.block_size))
-                       for e in self.engines)
+        precise = dict((e.name, self.live.predicted(e.name, tokens, keys)) for e in self.engines)
         approx = self.state["approx"][router]
         hashes = approx_mod.block_hashes(step.prompt, approx.block_size, self.model) if policy == "approximate" else None
         speculative = (dict((n, self.speculative_tokens(router, n, keys, len(tokens))) for n in precise)
@@ -300,7 +301,7 @@ class RoutingBench(check.KVIndexCheck):
             expiry = self.clock() + policies.SPECULATIVE_TTL
             for key in keys:   # what the EPP's speculative indexing adds at PreRequest, until the engine's events confirm it
                 self.state["speculative"][router][name][key] = expiry
-        return _Routed(step, name, len(tokens), precise, body, engine.source.activity)
+        return _Routed(step, name, len(tokens), precise, body, engine.stream.activity)
 
     def send(self, routed):
         """The request to the chosen engine (any thread): ``(answer, error)``."""
@@ -334,7 +335,7 @@ class RoutingBench(check.KVIndexCheck):
         })
         if one_at_a_time:
             expect_store = (routed.tokens // self.block_size) * self.block_size > reported
-            self.settle(wait_for=self.by_name[name] if expect_store else None, since=routed.since)
+            self.settle(wait_for=self.by_name[name].stream if expect_store else None, since=routed.since)
 
     def row(self, policy, counted, removed_before, removed_after, elapsed):
         recs = self.state["records"]

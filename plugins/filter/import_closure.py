@@ -7,10 +7,12 @@
 
 Documented in ``plugins/filter/import_closure.yml``. The walk:
 
-* a script (a file outside the package, such as ``roles/cluster_verify/files/cluster_verify.py``) brings the scripts
-  beside it that it imports by name (``from _loader import module_utils``: ``_loader.py`` beside it, as ``sys.path[0]``
-  does) and the package modules it loads by literal name (``module_utils("kv.events_check")``:
-  ``plugins/module_utils/kv/events_check.py``);
+* any file brings the collection's modules it imports by their full name
+  (``from ansible_collections.inference_cache.substrate.plugins.module_utils.kv import events_check``:
+  ``plugins/module_utils/kv/events_check.py``) or loads by literal name (``module_utils("kv.events_check")``);
+* a script (a file outside the package, such as ``roles/cluster_verify/files/cluster_verify.py``) that reaches the package
+  brings the package's loader, ``_loader.py`` (``plugins/module_utils/_loader.py``: what makes the full name importable
+  outside a collection path), and the scripts beside it that it imports by name (as ``sys.path[0]`` does);
 * a package module brings what its relative imports name (``from .wire import X``, ``from ..http.args import Y``,
   ``from . import wire``), each module once, and the ``__init__.py`` of every package on the way.
 
@@ -102,6 +104,36 @@ def _script_imports(root, rel, tree):
     return found
 
 
+def _absolute_imports(root, package, rel, tree, collection):
+    """Files of the package that ``rel`` imports by their full name (``collection`` + the package's dotted path)."""
+    prefix = collection + "." + package.replace("/", ".")
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            pairs = [(alias.name, None) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            pairs = [(node.module, [alias.name for alias in node.names])]
+        else:
+            continue
+        for module, names in pairs:
+            if module != prefix and not module.startswith(prefix + "."):
+                continue
+            stem = package + module[len(prefix):].replace(".", "/")
+            target = _module_file(root, stem)
+            if target is None and stem != package:
+                raise ImportClosureError("%s line %d imports %s, but neither %s.py nor %s/__init__.py exists."
+                                         % (rel, node.lineno, module, stem, stem))
+            if target:
+                found.append(target)
+                found.extend(_package_inits(root, package, target))
+            for name in names or []:
+                sub = _module_file(root, stem + "/" + name) if name != "*" else None
+                if sub:
+                    found.append(sub)
+                    found.extend(_package_inits(root, package, sub))
+    return found
+
+
 def _relative_imports(root, package, rel, tree):
     """Files of the package that the module ``rel``'s relative imports name."""
     found = []
@@ -139,7 +171,8 @@ def _relative_imports(root, package, rel, tree):
     return found
 
 
-def import_closure(entries, root, package="plugins/module_utils", loader="module_utils"):
+def import_closure(entries, root, package="plugins/module_utils", loader="module_utils",
+                   collection="ansible_collections.inference_cache.substrate"):
     """``['roles/cluster_verify/files/cluster_verify.py'] | inference_cache.substrate.import_closure(root)``: every file
     the scripts need.
 
@@ -162,7 +195,7 @@ def import_closure(entries, root, package="plugins/module_utils", loader="module
             continue
         seen.add(rel)
         tree = _read(root, rel)
-        reached = []
+        reached = _absolute_imports(root, package, rel, tree, collection)
         if rel.startswith(package + "/"):
             reached.extend(_package_inits(root, package, rel))
             reached.extend(_relative_imports(root, package, rel, tree))
@@ -176,6 +209,10 @@ def import_closure(entries, root, package="plugins/module_utils", loader="module
                                          % (rel, lineno, loader, name, stem, stem))
             reached.append(target)
             reached.extend(_package_inits(root, package, target))
+        loader_file = package + "/_loader.py"
+        if not rel.startswith(package + "/") and any(r.startswith(package + "/") for r in reached) \
+                and os.path.isfile(os.path.join(root, loader_file)):
+            reached.append(loader_file)
         queue.extend(r for r in reached if r not in seen)
     return entries + sorted(seen - set(entries))
 

@@ -19,8 +19,9 @@ description:
     their published versions when O(staging_version) is given).
   - C(go.sum) is checked against the checksum database; nothing of the module is copied into the folder but what the
     go command builds and what the O(generate) commands write.
-  - A build that exists (every binary in O(dest)) is never redone (C(changed=false)). Two runs at once build once, the
-    second waiting on a lock beside O(dest) and then finding the build there.
+  - A build that exists (every binary in O(dest); with O(source), built from the same sources) is never redone
+    (C(changed=false)). Two runs at once build once, the second waiting on a lock beside O(dest) and then finding the
+    build there.
   - Run it with C(async) and C(poll) for a line every few seconds while a long build runs.
 author:
   - inference_cache.substrate contributors (@inference-cache)
@@ -52,9 +53,16 @@ options:
     type: path
     required: true
   src:
-    description: The folder of the build's own C(go.mod).
+    description: The folder of the build's own C(go.mod) (with O(source), a scratch folder).
     type: path
     required: true
+  source:
+    description:
+      - "A program of the collection's own to build instead of a module from the proxy (O(module) then names it only): a
+        folder with its own C(go.mod) and C(go.sum), where C(go build) runs and fetches what they pin."
+      - The build records the digest of the folder's Go sources, C(go.mod) and C(go.sum), and a change of them builds it
+        again.
+    type: path
   ldflags:
     description: The linker flags (C(-ldflags)).
     type: str
@@ -139,7 +147,7 @@ seconds:
 from ansible_collections.inference_cache.substrate.plugins.module_utils.common.errors import CheckError
 from ansible_collections.inference_cache.substrate.plugins.module_utils.common.module import ansible_module
 from ansible_collections.inference_cache.substrate.plugins.module_utils.common.options import validate
-from ansible_collections.inference_cache.substrate.plugins.module_utils.build.gobuild import GoBuild
+from ansible_collections.inference_cache.substrate.plugins.module_utils.go.build import GoBuild
 
 
 def _packages_problem(packages, name):
@@ -156,6 +164,7 @@ OPTIONS = dict(
     packages=dict(type="dict", required=True, check=_packages_problem),
     dest=dict(type="path", required=True),
     src=dict(type="path", required=True),
+    source=dict(type="path"),
     ldflags=dict(type="str", default="-s -w"),
     cgo=dict(type="bool", default=True),
     staging_version=dict(type="str", default=""),

@@ -22,10 +22,8 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BENCH = os.path.join(ROOT, "benchmarks", "bench_gpu_plan.py")
-sys.path.insert(0, os.path.join(ROOT, "tools"))
-from _loader import module_utils  # noqa: E402  pylint: disable=wrong-import-position,import-error
 
-memory_plan = module_utils("gpu.memory_plan")
+from ansible_collections.inference_cache.substrate.plugins.module_utils.gpu import memory_plan  # noqa: E402  pylint: disable=wrong-import-position
 
 
 def _cuda():

@@ -120,7 +120,7 @@ def test_epp_configs_must_hash_the_engines_blocks_and_dial_the_relays():
 @pytest.mark.parametrize("argv, sentence", [
     (["--workload", "nope"], "unknown workload in 'nope': the workloads are "),
     (["--policies", "precise,epp:x"], "unknown policies epp:x: the policies are "),
-    (["--workload", "restart"], "the restart workload needs --restart-command (make bench-routing passes one)"),
+    (["--workload", "restart"], "the restart workload needs the engines' service records: give --engines-file (make bench-routing does)"),
 ])
 def test_bad_arguments_get_one_sentence(argv, sentence):
     run = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "bench_routing.py")] + argv, capture_output=True,
@@ -169,10 +169,13 @@ def test_policies_are_named_per_epp_and_routers_say_which_ran_them():
     with pytest.raises(argparse.ArgumentTypeError, match=r"^configuration approximate is given for both the gie and the llm-d EPP; "):
         B.epp_policies({"llm-d": [("approximate", {})], "gie": [("approximate", {})]})
     llmd = B.EPPLane("/opt/epp", {"precise": {}}, [], 5810, "/tmp")
-    gie = B.GIELane("/opt/gie", {"gie": {}}, [B.parse_engine(e) for e in B.DEFAULT_ENGINES], "/tmp", cluster=object())
+    gie = B.GIELane("/opt/gie", {"gie": {}}, [B.parse_engine(e) for e in B.DEFAULT_ENGINES], "/tmp", kubeconfig="/tmp/kubeconfig")
     lanes = B.Lanes([llmd, gie])
     assert (lanes.label("precise"), lanes.label("gie")) == ("llm-d EPP v0.9.0", "GIE EPP v1.4.0")
     assert lanes.by_name == {"precise": llmd, "gie": gie}
+    with pytest.raises(B.errors.CheckError, match=r"^The GIE EPP discovers its endpoints through the Kubernetes API only: give the "
+                       r"kubeconfig of a kwok cluster \(--kubeconfig; benchmarks/bench_routing.yml starts one\), not '/tmp/kubeconfig'\.$"):
+        gie.open()
 
 
 def test_only_the_configurations_of_the_epps_that_run():
@@ -254,7 +257,7 @@ def test_the_bench_engines_share_one_port_on_two_addresses():
 def test_gie_configs_must_hash_the_engines_block_size():
     engines = [B.parse_engine(e) for e in B.DEFAULT_ENGINES]
     config = {"plugins": [{"type": "queue-scorer"}, {"type": "prefix-cache-scorer", "parameters": {"blockSizeTokens": 32}}]}
-    lane = B.GIELane("/opt/gie", {"gie": config, "plain": {"plugins": [{"type": "prefix-cache-scorer"}]}}, engines, "/tmp", cluster=object())
+    lane = B.GIELane("/opt/gie", {"gie": config, "plain": {"plugins": [{"type": "prefix-cache-scorer"}]}}, engines, "/tmp", kubeconfig="/tmp/kubeconfig")
     lane.check_configs(32)
     with pytest.raises(B.errors.CheckError, match=r"^GIE config gie hashes blocks of 32 tokens but the engines' blocks hold 16: "):
         lane.check_configs(16)
@@ -296,3 +299,25 @@ def test_every_configuration_gets_a_tag_of_one_token_count():
         assert count == want == tokens(other + " tenant")
     with pytest.raises(B.errors.CheckError, match=r"^No tag r10000: to r99999: of 99 tokens came up in 500 draws; "):
         B.draw_tag(rng, tokens, 99)
+
+
+def test_the_engines_file_of_the_playbook_gives_each_engine_and_its_service_record(tmp_path):
+    """What benchmarks/bench_routing.yml writes (local_engine_instances) is what the bench runs on, and restarts through."""
+    sub_b = {"endpoint": "tcp://127.0.0.1:5802", "socket_mode": "bind", "topic": "kv@127.0.0.2:8400@tiny",
+             "replay_endpoint": "tcp://127.0.0.1:5803"}
+    sub_a = {"endpoint": "tcp://127.0.0.1:5800", "socket_mode": "bind", "topic": "kv@127.0.0.1:8400@tiny", "replay_endpoint": None}
+    published = {"bench-b": {"url": "http://127.0.0.2:8400", "kv_subscriber": sub_b,
+                             "service": {"name": "engine", "launcher": "/run/bench-b/engine.sh"}},
+                 "bench-a": {"url": "http://127.0.0.1:8400", "kv_subscriber": sub_a}}
+    path = tmp_path / "engines.json"
+    path.write_text(__import__("json").dumps({"engines": published}))
+    a, b = B._lab.load_engines(str(path))   # pylint: disable=protected-access
+    assert (a["name"], a["host"], a["port"], a["replay_endpoint"], a["service"]) == ("bench-a", "127.0.0.1", 8400, None, {})
+    assert (b["name"], b["host"], b["endpoint"], b["socket_mode"], b["topic"]) == (
+        "bench-b", "127.0.0.2", "tcp://127.0.0.1:5802", "bind", "kv@127.0.0.2:8400@tiny")
+    assert B.one_port([a, b]) == 8400 and b["service"]["launcher"] == "/run/bench-b/engine.sh"
+    with pytest.raises(B.errors.CheckError, match=r"^Engine bench-a has no service record, so it cannot be restarted here; "):
+        B._lab.restart(a)   # pylint: disable=protected-access
+    run = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "bench_routing.py"), "--engines-file", str(path), "--engine",
+                          "a=1,2,3"], capture_output=True, text=True, timeout=120, check=False)
+    assert run.returncode == 2 and "give the engines by --engines-file or by --engine, not both" in run.stderr

@@ -22,6 +22,7 @@ import subprocess
 import sys
 import time
 
+import pytest
 import yaml
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
@@ -107,7 +108,49 @@ def test_bench_checks_load_skips_without_its_engines(tmp_path):
     run = subprocess.run([sys.executable, script, "--engines-file", missing], capture_output=True, text=True, timeout=120, check=False)
     assert run.returncode == 0 and "skipped" in run.stdout, run.stdout + run.stderr
     engines = tmp_path / "engines.json"
-    engines.write_text(json.dumps({"kv_index_engines": [{"instance": "load-a", "port": 9, "kv_events_port": 5910, "replay_port": 5911}]}))
+    engines.write_text(json.dumps({"engines": {"load-a": {   # what roles/local_engine publishes (local_engine_instances)
+        "url": "http://127.0.0.1:9", "kv_subscriber": {"endpoint": "ipc:///nowhere/load-a.kv", "socket_mode": "connect",
+                                                       "topic": "kv@127.0.0.1:9@tiny", "replay_endpoint": "tcp://127.0.0.1:5911"},
+        "service": {"name": "engine", "launcher": "/nowhere/engine.sh"}}}}))
     run = subprocess.run([sys.executable, script, "--engines-file", str(engines), "--require"], capture_output=True, text=True,
                          timeout=120, check=False)
     assert run.returncode == 1 and "failed: engine load-a" in run.stdout, run.stdout + run.stderr
+
+
+def _runs(folder, rows, tasks, log_tail="PLAY RECAP\nlocalhost : ok=9 changed=0 unreachable=0 failed=0\n"):
+    """What benchmarks/time_playbook.sh leaves: runs.tsv, and per run its timings and output."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "runs.tsv").write_text("".join("%d\t%d\t%.3f\n" % row for row in rows))
+    for number, _code, seconds in rows:
+        (folder / ("run-%d.json" % number)).write_text(json.dumps({"started": 1000.0, "elapsed": seconds, "cpu": 2.0, "tasks": tasks}))
+        (folder / ("run-%d.log" % number)).write_text(log_tail)
+
+
+def test_the_verify_report_reads_the_runs_and_fails_on_a_failed_one_or_a_slow_median(tmp_path):
+    tasks = [{"name": "kv events", "start": 0.1, "end": 1.1, "cpu": 0.0}, {"name": "prefix cache", "start": 1.1, "end": 3.1, "cpu": 0.5}]
+    _runs(tmp_path / "ok", [(1, 0, 3.0), (2, 0, 5.0), (3, 0, 4.0)], tasks)
+    script = os.path.join(ROOT, "benchmarks", "bench_verify.py")
+    run = subprocess.run([sys.executable, script, "--report", str(tmp_path / "ok"), "--json"], capture_output=True, text=True, check=False)
+    result = json.loads(run.stdout)
+    assert run.returncode == 0 and (result["min"], result["median"], result["max"]) == (3.0, 4.0, 5.0)
+    assert result["slowest_tasks"][0] == {"seconds": 2.0, "task": "prefix cache"}
+    run = subprocess.run([sys.executable, script, "--report", str(tmp_path / "ok"), "--limit", "3.5"], capture_output=True, text=True,
+                         check=False)
+    assert run.returncode == 1 and "the median 4.00 s is over the limit of 3.50 s" in run.stdout
+    _runs(tmp_path / "bad", [(1, 0, 3.0), (2, 2, 1.0)], tasks)
+    run = subprocess.run([sys.executable, script, "--report", str(tmp_path / "bad")], capture_output=True, text=True, check=False)
+    assert run.returncode == 1 and "make verify failed (exit 2)" in run.stdout
+
+
+def test_the_site_report_splits_the_cold_run_and_holds_the_warm_one_to_changed_0(tmp_path):
+    tasks = [{"name": "install", "path": "/c/roles/local_engine/tasks/install.yml:3", "action": "command", "start": 1.0, "cpu": 0.5},
+             {"name": "start", "path": "/c/roles/local_engine/tasks/service.yml:5", "action": "inference_cache.substrate.local_service",
+              "start": 30.0, "cpu": 5.0}]
+    _runs(tmp_path / "runs", [(1, 0, 100.0), (2, 0, 12.0)], tasks)
+    (tmp_path / "runs" / "engine-cpu.json").write_text("40.0")
+    figures = bench_site.figures_of(str(tmp_path / "runs"), str(tmp_path), ["", ""])
+    assert figures["cold"] == 100.0 and figures["phases"]["install"] == 29.0 and figures["phases"]["engine start"] == 70.0
+    assert figures["engine_cpu"] == 40.0 and figures["warm"] == 12.0 and figures["warm_changed"] == 0
+    _runs(tmp_path / "failed", [(1, 4, 100.0)], tasks)
+    with pytest.raises(SystemExit, match=r"^the cold run failed \(4\)"):
+        bench_site.figures_of(str(tmp_path / "failed"), str(tmp_path), ["", ""])

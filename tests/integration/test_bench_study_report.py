@@ -105,60 +105,31 @@ def test_markdown_percent_format():
     assert "61.0% (58.7\u201364.3)" in _study_report.markdown(_study_report.summarize(runs), "t")
 
 
-def _bars(root):
-    return [e for e in root.iter(SVG + "rect") if e.get("class") == "bar"]
+def _bars(path):
+    """The bars of a summary plot, by the id each is drawn with ("bar <workload> <policy>")."""
+    root = ET.parse(str(path)).getroot()
+    return sorted(g.get("id") for g in root.iter(SVG + "g") if (g.get("id") or "").startswith("bar "))
 
 
-def test_svg_bars(runs):
+def test_summary_bars_are_matplotlib_svg_and_deterministic(tmp_path, runs):
     summary = _study_report.summarize(runs)
-    text = _study_report.svg_bars(summary, "ttft_ms_p50", "TTFT <p50> & co", "ms")
+    first, again = tmp_path / "a.svg", tmp_path / "b.svg"
+    _study_report.plots.summary_bars(summary, "ttft_ms_p50", str(first), "TTFT <p50> & co", "ms")
+    _study_report.plots.summary_bars(summary, "ttft_ms_p50", str(again), "TTFT <p50> & co", "ms")
+    text = first.read_text()
+    assert text == again.read_text(), "the same rows give the same bytes"
     root = ET.fromstring(text.encode("utf-8"))
-    assert root.tag == SVG + "svg"
-    bars = _bars(root)
-    # five (workload, policy) rows, one of them without a TTFT p50
-    assert len(bars) == 4
-    heights = {b.find(SVG + "title").text.split(":")[0]: float(b.get("height")) for b in bars}
-    assert heights["precise, shared-prefix"] / heights["random, shared-prefix"] == pytest.approx(45.0 / 80.0, rel=1e-3)
-    assert heights["random, multi-turn"] / heights["random, shared-prefix"] == pytest.approx(70.0 / 80.0, rel=1e-3)
-    # bars stand on the same base line
-    assert len({round(float(b.get("y")) + float(b.get("height")), 2) for b in bars}) == 1
-    errors = [e for e in root.iter(SVG + "line") if e.get("class") == "error-bar"]
-    assert len(errors) == 4
-    precise = [b for b in bars if b.find(SVG + "title").text.startswith("precise, shared-prefix")][0]
-    centre = float(precise.get("x")) + float(precise.get("width")) / 2
-    spans = [e for e in errors if abs(float(e.get("x1")) - centre) < 0.01]
-    assert len(spans) == 1 and float(spans[0].get("y1")) > float(spans[0].get("y2"))  # min below max
-    texts = [t.text for t in root.iter(SVG + "text")]
-    assert "TTFT <p50> & co" in texts
-    legend = [t.text for t in root.iter(SVG + "text") if t.get("class") == "legend"]
-    assert legend == ["precise", "random", "epp:precise"]
-    assert [t.text for t in root.iter(SVG + "text") if t.get("class") == "group"] == ["shared-prefix", "multi-turn"]
-    assert len([t for t in root.iter(SVG + "text") if t.get("class") == "tick"]) == 5
-    # the same policy has the same colour in every group
-    colours = {}
-    for b in bars:
-        colours.setdefault(b.find(SVG + "title").text.split(",")[0], set()).add(b.get("fill"))
-    assert all(len(c) == 1 for c in colours.values()) and len(set().union(*colours.values())) == 3
-    assert text == _study_report.svg_bars(summary, "ttft_ms_p50", "TTFT <p50> & co", "ms")
+    assert root.tag == SVG + "svg" and "matplotlib" in text
+    assert "TTFT &lt;p50&gt; &amp; co" in text and "precise" in text and "epp:precise" in text
+    # five (workload, policy) rows, four of them with a TTFT p50: four bars
+    assert len(_bars(first)) == 4 and "bar shared-prefix precise" in _bars(first)
 
 
-def test_svg_percent_and_escaping():
-    runs = [_run("w<1>", "a<b", 0, 0.4, 1.0), _run("w<1>", "plain", 0, 0.8, 1.0), _run("w2", "a<b", 0, None, 1.0)]
-    text = _study_report.svg_bars(_study_report.summarize(runs), "hit_rate", "Hit rate", "hit rate", percent=True)
-    assert "a<b" not in text and "a&lt;b" in text and "w&lt;1&gt;" in text
-    root = ET.fromstring(text.encode("utf-8"))
-    bars = _bars(root)
-    assert len(bars) == 2
-    assert float(bars[1].get("height")) / float(bars[0].get("height")) == pytest.approx(2.0, rel=1e-3)
-    assert [t.text for t in root.iter(SVG + "text") if t.get("class") == "legend"] == ["a<b", "plain"]
-    ticks = [t.text for t in root.iter(SVG + "text") if t.get("class") == "tick"]
-    assert ticks[0] == "0%" and ticks[-1] == "100%"
-
-
-def test_svg_no_values():
+def test_summary_bars_without_values_draw_no_bar(tmp_path):
     runs = [_run("w", "p", 0, None, None)]
-    root = ET.fromstring(_study_report.svg_bars(_study_report.summarize(runs), "hit_rate", "t", "", percent=True))
-    assert not _bars(root)
+    path = tmp_path / "none.svg"
+    _study_report.plots.summary_bars(_study_report.summarize(runs), "hit_rate", str(path), "t", "", percent=True)
+    assert _bars(path) == []
 
 
 def test_write(tmp_path, runs):

@@ -28,7 +28,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _k8s_render as R  # noqa: E402  pylint: disable=wrong-import-position
 
 from ansible_collections.inference_cache.substrate.plugins.module_utils.kv import router_decoder as D  # noqa: E402
-from ansible_collections.inference_cache.substrate.tools import _kv_synthetic as synthetic  # noqa: E402
+from ansible_collections.inference_cache.substrate.tests.harness import kv_synthetic as synthetic  # noqa: E402
 
 FACTS_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "k8s_conformance.yml")
 with open(FACTS_FILE) as _handle:

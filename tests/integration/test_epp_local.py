@@ -33,6 +33,7 @@ import urllib.request
 import pytest
 
 from ansible_collections.inference_cache.substrate.plugins.module_utils.epp import local as L
+from ansible_collections.inference_cache.substrate.tests.harness import epp_lab
 
 STAND_IN = textwrap.dedent('''\
     import argparse, http.server, json, sys, threading, urllib.request
@@ -166,7 +167,7 @@ def _tables(pid):
 
 
 def test_confined_epp_serves_and_reaches_through_loopback_and_listens_nowhere_here(confinable, engines, stand_in, tmp_path):  # pylint: disable=unused-argument
-    epp = L.EPP(stand_in, {"plugins": []}, engines, str(tmp_path))
+    epp = L.EPP(stand_in, epp_lab.file_discovery({"plugins": []}, engines, str(tmp_path)), engines, str(tmp_path))
     with epp:
         answer = _get("http://%s/" % epp.address)
         assert answer["port"] == L.INSIDE_PORTS["grpc"], answer
@@ -189,7 +190,7 @@ def test_a_confined_epp_runs_from_a_folder_too_long_for_a_unix_socket(confinable
     folder = tmp_path / ("deep-" * 8) / ("state-" * 8)
     folder.mkdir(parents=True)
     assert len(os.path.join(str(folder), "serve-0.sock")) > 107
-    epp = L.EPP(stand_in, {"plugins": []}, engines, str(folder))
+    epp = L.EPP(stand_in, epp_lab.file_discovery({"plugins": []}, engines, str(folder)), engines, str(folder))
     with epp:
         assert len(_get("http://%s/" % epp.address)["said"]) == 2
         sockets = epp.confined.sockets
@@ -199,7 +200,7 @@ def test_a_confined_epp_runs_from_a_folder_too_long_for_a_unix_socket(confinable
 
 def test_unconfined_epp_listens_here_which_the_test_would_see(engines, stand_in, tmp_path):
     """The control: asked to run unconfined, the same program's listeners are in this namespace's table."""
-    epp = L.EPP(stand_in, {"plugins": []}, engines, str(tmp_path), confine=False)
+    epp = L.EPP(stand_in, epp_lab.file_discovery({"plugins": []}, engines, str(tmp_path)), engines, str(tmp_path), confine=False)
     with epp:
         answer = _get("http://%s/" % epp.address)
         assert len(answer["said"]) == 2
@@ -227,12 +228,12 @@ def test_an_epp_that_exits_at_start_says_so_with_its_log(confinable, tmp_path): 
 def test_file_discovery_replaces_kubernetes_and_keeps_the_config():
     config = {"plugins": [{"type": "prefix-cache-scorer"}], "schedulingProfiles": [{"name": "default", "plugins": []}],
               "dataLayer": {"sources": [{"pluginRef": "x"}]}}
-    out = L.with_file_discovery(config, "/tmp/e.yaml")
+    out = epp_lab.with_file_discovery(config, "/tmp/e.yaml")
     assert out["plugins"][0] == {"name": "file-discovery", "type": "file-discovery", "parameters": {"path": "/tmp/e.yaml", "watchFile": False}}
     assert out["dataLayer"]["discovery"] == {"pluginRef": "file-discovery"} and out["dataLayer"]["injectDefaults"] is False
     assert out["dataLayer"]["sources"] == [{"pluginRef": "x"}, {"pluginRef": "metrics-source", "extractors": [{"pluginRef": "metrics-extractor"}]}]
     assert out["schedulingProfiles"] == config["schedulingProfiles"] and config["plugins"] == [{"type": "prefix-cache-scorer"}]
-    again = L.with_file_discovery(out, "/tmp/f.yaml")
+    again = epp_lab.with_file_discovery(out, "/tmp/f.yaml")
     assert [p["type"] for p in again["plugins"]].count("file-discovery") == 1 and len(again["dataLayer"]["sources"]) == 2
 
 
@@ -305,18 +306,19 @@ def test_a_gie_epp_needs_a_kubeconfig(tmp_path, stand_in):
 
 
 def test_a_runner_killed_while_its_program_is_slow_to_stop_leaves_no_sockets_folder(confinable, tmp_path):  # pylint: disable=unused-argument
-    """``confine --run`` (a simulated engine's service) gets SIGTERM, then SIGKILL when it has not exited within the
+    """A confined program's runner (the simulated_engine role's ``files/confined.py``, a simulated engine's service) gets
+    SIGTERM, then SIGKILL when it has not exited within the
     service's stop timeout (local_service; the simulated engine's is 10 s), while the program it confines is still
     stopping. The bridge's sockets' folder, in the temporary folder, is gone by then: it goes at SIGTERM, not after the
     program has exited (a CI run found one left behind)."""
     import psutil  # pylint: disable=import-outside-toplevel
     scratch = tempfile.mkdtemp(prefix="cf-")   # the runner's temporary folder: short, as the bridge's socket paths must be
-    root = os.path.dirname(L.__file__).rsplit(os.sep + "ansible_collections" + os.sep, 1)[0]
+    entry = os.path.join(os.path.dirname(L.__file__), "..", "..", "..", "roles", "simulated_engine", "files", "confined.py")
     spec = {"reach": [], "serve": [9555], "folder": str(tmp_path), "label": "slow program"}
     slow = [sys.executable, "-c", "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(60)"]
     runner = subprocess.Popen(  # pylint: disable=consider-using-with
-        [sys.executable, "-m", "ansible_collections.inference_cache.substrate.plugins.module_utils.service.confine", "--run",
-         json.dumps(spec), "--"] + slow, env=dict(os.environ, TMPDIR=scratch, PYTHONPATH=root), start_new_session=True)
+        [sys.executable, entry, json.dumps(spec), "--"] + slow, env=dict(os.environ, TMPDIR=scratch, PYTHONPATH=""),
+        start_new_session=True)
     family = []
     try:
         deadline = time.monotonic() + 30

@@ -18,7 +18,7 @@ refuses), else the Gateway API Inference Extension's EPP, built from its Go modu
   subscribes to. Configs: what the router role renders (precise and approximate, its default weights).
 * gie: it discovers its endpoints through the Kubernetes API only, so the tests start a kwok cluster of their own (a
   real kube-apiserver, roles/kwok_cluster) holding the router role's InferencePool (rendered for router_impl gie,
-  ``epp/local_kube.GIEPool``) over one simulated pod per engine, each pod's IP the address of its real engine
+  ``tests/harness/epp_lab.GIEPool``) over one simulated pod per engine, each pod's IP the address of its real engine
   (kwok_cluster's pod-IP stage); the EPP reconciles the pool as in a cluster and routes to the real engines. Config:
   the GIE chart's default scorers (queue 2, KV-cache utilization 2, prefix 3), which the
   router role renders for router_impl gie. Approximate only: it learns a prefix from its own picks, so it is warmed
@@ -49,8 +49,8 @@ from ansible_collections.inference_cache.substrate.plugins.module_utils.common.e
 from ansible_collections.inference_cache.substrate.plugins.module_utils.common.wiring import kv_topic, topic_filter
 from ansible_collections.inference_cache.substrate.plugins.module_utils.epp.extproc import ask_pick
 from ansible_collections.inference_cache.substrate.plugins.module_utils.epp.local import (
-    EPP, GIE_VERSION, ROUTER_VERSION, Relay, free_port, gie_crds, resolve_binary, resolve_epp, wait_subscribed)
-from ansible_collections.inference_cache.substrate.plugins.module_utils.epp.local_kube import GIEPool, rendered_pool
+    EPP, GIE_VERSION, ROUTER_VERSION, free_port, gie_crds, resolve_binary, resolve_epp)
+from ansible_collections.inference_cache.substrate.tests.harness.epp_lab import GIEPool, Relay, file_discovery, rendered_pool, wait_subscribed
 from ansible_collections.inference_cache.substrate.plugins.module_utils.epp.route_check import RouteCheck
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -253,8 +253,12 @@ class Lane:
                 discovery["socketPort"] = self.port
         before = [len(r.subscriptions) for r in self.relays]
         binary, impl = epp_under_test()
-        epp = EPP(binary, config, [(e["instance"], e["host"], e["port"]) for e in ENGINES], self.folder, secure=secure,
-                  name="epp-%d" % len(self.epps), impl=impl, pool=POOL, kubeconfig=self.kubeconfig, namespace=NAMESPACE)
+        endpoints = [(e["instance"], e["host"], e["port"]) for e in ENGINES]
+        name = "epp-%d" % len(self.epps)
+        if impl != "gie":
+            config = file_discovery(config, endpoints, self.folder, name)
+        epp = EPP(binary, config, endpoints, self.folder, secure=secure, name=name, impl=impl, pool=POOL, kubeconfig=self.kubeconfig,
+                  namespace=NAMESPACE)
         self.epps.append(epp)
         epp.start()
         if impl == "gie":

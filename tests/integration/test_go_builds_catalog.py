@@ -15,13 +15,14 @@ import re
 import subprocess
 import sys
 
+import pytest
 import yaml
 
 from ansible_collections.inference_cache.substrate.plugins.module_utils.common import wiring
 from ansible_collections.inference_cache.substrate.plugins.module_utils.epp import local
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-KEYS = {"name", "module", "version", "packages", "ldflags", "cgo", "staging_version", "needs", "generate", "remedy"}
+KEYS = {"name", "module", "version", "packages", "ldflags", "cgo", "staging_version", "needs", "generate", "remedy", "source"}
 
 
 def _load(name):
@@ -30,15 +31,18 @@ def _load(name):
 
 
 def test_every_entry_is_pinned_and_needs_only_what_comes_before_it():
-    builds, tools = _load("go_builds.yml")["builds"], _load("pinned_versions.yml")["tools"]
+    builds, pins = _load("go_builds.yml")["builds"], _load("pinned_versions.yml")
     names = [b["name"] for b in builds]
     assert len(set(names)) == len(names), names
     for i, build in enumerate(builds):
         assert set(build) <= KEYS and {"name", "module", "version", "packages"} <= set(build), build
-        pin = re.match(r"^\{\{ _substrate_pins\.tools\.(\w+) \}\}$", build["version"])
-        assert pin and pin.group(1) in tools, build["version"]
+        pin = re.match(r"^\{\{ _substrate_pins\.(tools|software)\.(\w+) \}\}$", build["version"])
+        assert pin and pin.group(2) in pins[pin.group(1)], build["version"]
         assert build["packages"] and all("/" not in binary for binary in build["packages"]), build["packages"]
-        assert all(package.startswith(build["module"]) for package in build["packages"].values()), build["packages"]
+        if "source" in build:   # a program of the collection's own, built in its folder (its go.mod names its module)
+            assert os.path.isfile(os.path.join(ROOT, build["source"], "go.mod")), build["source"]
+        else:
+            assert all(package.startswith(build["module"]) for package in build["packages"].values()), build["packages"]
         assert set(build.get("needs", [])) <= set(names[:i]), (build["name"], build.get("needs"))
 
 
@@ -64,10 +68,11 @@ def test_the_python_side_finds_a_build_where_go_build_puts_it_and_builds_nothing
     assert local.resolve_epp() == (str(built), "llm-d", None)
 
 
-def test_the_runtime_runs_as_a_module_of_the_collection():
-    """What the local_router role's launcher runs: python -m ...epp.local with PYTHONPATH at the collections root."""
-    collections = os.path.dirname(os.path.dirname(os.path.dirname(ROOT))) if "ansible_collections" in ROOT else \
-        os.path.join(ROOT, ".cache", "collections")
-    run = subprocess.run([sys.executable, "-m", "ansible_collections.inference_cache.substrate.plugins.module_utils.epp.local", "serve",
-                          "--help"], env=dict(os.environ, PYTHONPATH=collections), capture_output=True, text=True, timeout=60, check=False)
-    assert run.returncode == 0 and "--service-account" in run.stdout, run.stderr[-2000:]
+@pytest.mark.parametrize("entry, says", [("roles/local_router/files/epp_serve.py", "--service-account"),
+                                         ("roles/simulated_engine/files/confined.py", "usage: confined.py SPEC -- COMMAND")])
+def test_the_roles_daemons_run_from_the_collection_alone(entry, says):
+    """What the local_router and simulated_engine roles' launchers run: a thin entry of the role, which finds the collection's
+    Python through its one loader (no PYTHONPATH, no collections path)."""
+    run = subprocess.run([sys.executable, os.path.join(ROOT, entry), "--help"], env=dict(os.environ, PYTHONPATH=""),
+                         capture_output=True, text=True, timeout=60, check=False, cwd="/")
+    assert says in run.stdout + run.stderr, run.stderr[-2000:]

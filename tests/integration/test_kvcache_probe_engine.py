@@ -46,7 +46,18 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _engine_lane import ROOT, STATE_DIR  # noqa: E402  pylint: disable=wrong-import-position
 from _engine_lane import engine_installed as _engine_installed  # noqa: E402  pylint: disable=wrong-import-position
 from _engine_lane import playbook as _playbook, skip_or_fail as _skip_or_fail  # noqa: E402  pylint: disable=wrong-import-position
-PROBE = os.path.join(ROOT, ".cache", "bin", "kvcache_probe")
+from ansible_collections.inference_cache.substrate.plugins.module_utils.go import build as _go_build  # noqa: E402  pylint: disable=wrong-import-position,wrong-import-order
+
+
+def _probe_path():
+    """Where the catalog's kvcache-probe build is (vars/go_builds.yml, its version llm-d-kv-cache's pin)."""
+    import yaml  # pylint: disable=import-outside-toplevel
+    with open(os.path.join(ROOT, "vars", "pinned_versions.yml")) as handle:
+        version = yaml.safe_load(handle)["software"]["llm_d_kv_cache"]
+    return os.path.join(_go_build.build_dir(_go_build.state_dir(), "kvcache-probe", version), "kvcache_probe")
+
+
+PROBE = _probe_path()
 
 # Ports no other run uses (make test: 8000, 5557-5558, 8100-8110, 8200, 5610-5611, 8300-8301, 5700-5703;
 # bench-routing: 8400-8401, 5800-5803).
@@ -65,7 +76,8 @@ INSTANCE_VARS = ["-e", json.dumps({"local_engine_instance": INSTANCE, "local_eng
 
 @pytest.fixture(scope="session")
 def probe_binary():
-    """tools/kvcache_probe built once per session (make kvcache-probe: go build, cached after the first time)."""
+    """tools/kvcache_probe built once per session through the catalog of Go builds (make kvcache-probe; built again only when
+    its sources change)."""
     _engine_installed()  # no build for a test that cannot run
     if not shutil.which("go"):
         _skip_or_fail("No Go toolchain on PATH: tools/kvcache_probe (llm-d-kv-cache v0.9.0) cannot be built.")

@@ -98,9 +98,8 @@ def cluster(tmp_path_factory):
 
 def _dynamic(api):
     """The collection's dynamic client (discovery in memory: no osrcp-<hash>.json left in the temporary folder)."""
-    sys.path.insert(0, os.path.join(ROOT, "tools"))
-    from _loader import module_utils  # pylint: disable=import-outside-toplevel,import-error
-    return module_utils("epp.local_kube").dynamic_client(api)
+    from ansible_collections.inference_cache.substrate.tests.harness.epp_lab import dynamic_client  # pylint: disable=import-outside-toplevel
+    return dynamic_client(api)
 
 
 @pytest.fixture(scope="module")
@@ -308,11 +307,13 @@ def test_a_bad_setting_is_one_sentence(tmp_path):
 
 
 def test_without_go_a_missing_build_is_one_sentence(tmp_path):
-    """A state folder without binaries and no Go toolchain: the role stops before building, naming what it would build."""
+    """A builds' folder without binaries and no Go toolchain: the go_builds role the cluster asks stops before building,
+    naming what it would build."""
     code, output, unused_counts = run_role(tmp_path, kwok_cluster_state_dir=str(tmp_path / "state"),
-                                           kwok_cluster_go_binary=str(tmp_path / "no-such-go"))
+                                           go_builds_state_dir=str(tmp_path / "builds"),
+                                           go_builds_go_binary=str(tmp_path / "no-such-go"))
     assert code != 0
-    assert "kwok_cluster builds kubernetes, etcd, kwok, helm, controller-gen, gie from the Go module proxy and needs Go 1.24 or later" in \
+    assert "go_builds builds kubernetes, etcd, kwok, helm, controller-gen, gie from the Go module proxy and needs Go 1.24 or later" in \
         " ".join(output.split())
     assert "as %s (not found): install Go" % (tmp_path / "no-such-go") in " ".join(output.split())
     assert "Traceback" not in output and not (tmp_path / "state" / "clusters").exists()

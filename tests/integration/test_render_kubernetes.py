@@ -33,10 +33,7 @@ kubernetes_validate = pytest.importorskip("kubernetes_validate")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _k8s_render as R  # noqa: E402  pylint: disable=wrong-import-position
 
-sys.path.insert(0, os.path.join(R.ROOT, "tools"))
-from _loader import module_utils  # noqa: E402  pylint: disable=wrong-import-position,import-error
-
-_epp_config = module_utils("epp.config")
+from ansible_collections.inference_cache.substrate.plugins.module_utils.epp import config as _epp_config  # noqa: E402  pylint: disable=wrong-import-position
 
 K8S_VERSIONS = ["1.%d.0" % minor for minor in range(29, 38)]
 DIGEST_RE = re.compile(r"^[^\s@]+@sha256:[0-9a-f]{64}$")

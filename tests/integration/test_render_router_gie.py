@@ -11,7 +11,7 @@ reads, ``k8s_conformance.yml`` ``gie_chart_values``); the approximate EndpointPi
 against the Kubernetes schemas; the refusals (precise mode, an unpinned image, P/D, a NodePort, what a given chart
 cannot express), one sentence each, before anything is written.
 
-Apply mode (the stand-in ``kubernetes.core`` of ``test_k8s_defects_roles.py``, which records every call): the objects
+Apply mode (the stand-in ``kubernetes.core`` of ``test_k8s_roles_without_a_cluster.py``, which records every call): the objects
 applied in order with ``apply: true`` and the EPP Deployment waited for last; a chart in ``router_chart_ref`` installed
 with Helm and the same values instead; ``router_state: absent`` removes them in reverse; a missing CRD manifest with
 ``router_skip_unavailable_chart`` leaves them out; check mode moves nothing; the published ``router_contract``.
@@ -38,7 +38,7 @@ import yaml
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _k8s_render as R  # noqa: E402  pylint: disable=wrong-import-position
-import test_k8s_defects_roles as D  # noqa: E402  pylint: disable=wrong-import-position
+import test_k8s_roles_without_a_cluster as D  # noqa: E402  pylint: disable=wrong-import-position
 
 try:
     import kubernetes_validate
@@ -72,7 +72,7 @@ def _upstream_root():
     found = next((p for p in [os.path.join(root, GIE) for root in _GOMOD_ROOTS if root] if os.path.isdir(p)), None)
     if found is not None:
         return found
-    go = shutil.which("go")   # as the kwok_cluster role's go_build (kwok_cluster_go_binary: go)
+    go = shutil.which("go")   # as the go_builds role's go_build (go_builds_go_binary: go)
     if go is None:
         pytest.skip("the %s source is not in a Go module cache and no go command is on PATH to fetch it" % GIE)
     with tempfile.TemporaryDirectory() as outside_any_module:

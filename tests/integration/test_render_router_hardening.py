@@ -16,7 +16,7 @@
   (``router_ext_proc_source_cidrs``); GKE without them is refused, never a silent bypass (FailOpen). Under
   ``router_impl: gie`` the engines' KV-event port no longer admits the llm-d EPP's label;
 * 4: the GIE data-layer factory rules of ``epp/gie.py``: the cited lines at the tag hold the messages, and the gie build
-  refuses (or takes) each case as ``epp_config_check`` says (the table itself: tests/unit/.../test_epp_gie.py);
+  refuses (or takes) each case as ``epp_config_check`` says (the table itself: tests/unit/plugins/module_utils/epp/test_gie.py);
 * 5: pprof off unless asked (``--enable-pprof=false``), on through ``router_epp_pprof``;
 * 6: chart values the role's templates do not read are refused in one sentence; ``extProcPort`` moves the Service, the
   InferencePool, the container port, ``--grpc-port`` and the NetworkPolicy together.
@@ -39,7 +39,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _k8s_render as R  # noqa: E402  pylint: disable=wrong-import-position
 import test_render_router_gie as G  # noqa: E402  pylint: disable=wrong-import-position
 
-from ansible_collections.inference_cache.substrate.plugins.module_utils.epp import gie  # noqa: E402
+from ansible_collections.inference_cache.substrate.plugins.module_utils.epp import flags, gie  # noqa: E402
 from ansible_collections.inference_cache.substrate.plugins.module_utils.epp.config import check_epp_config  # noqa: E402
 
 ROOT = R.ROOT
@@ -50,7 +50,8 @@ GATEWAY = {"gateway.networking.k8s.io/gateway-name": "inference-gateway"}
 VERIFIER = {"app.kubernetes.io/component": "kv-events-verifier"}
 with open(os.path.join(ROOT, "roles", "router", "vars", "main.yml")) as _handle:
     ROLE_VARS = yaml.safe_load(_handle)
-FLAGS = dict((impl, ROLE_VARS["_router_impls"][impl]) for impl in ("gie", "llm-d"))
+# The pinned EPPs' flag tables, in Python beside their citations (epp/llm_d.py, epp/gie.py), which the role asks.
+FLAGS = flags.EPPS
 OWNED = ROLE_VARS["_router_owned_flags"]
 
 
@@ -206,6 +207,12 @@ def test_the_gie_flag_table_is_what_the_gie_build_parses():
     shown = set(re.findall(r"^\s+(?:-\w, )?--([\w-]+)", proc.stdout, re.M))
     assert shown and shown <= set(FLAGS["gie"]["flags"]), shown - set(FLAGS["gie"]["flags"])
     assert set(FLAGS["gie"]["flags"]) - shown == set(FLAGS["gie"]["removed_flags"]) | {"model-server-metrics-port"}
+
+
+def test_the_role_lists_no_flag_of_its_own_and_asks_the_table():
+    """One home for the flag sets: the role's variables hold none; its refusal is the filter's over the Python table."""
+    assert not any("flags" in impl or "removed_flags" in impl for impl in ROLE_VARS["_router_impls"].values())
+    assert "epp_flag_refusal(router_impl" in ROLE_VARS["_router_flag_refusal"] and "_router_flag_problems" not in ROLE_VARS
 
 
 def test_the_llm_d_flags_are_gies_and_three_more():

@@ -179,9 +179,7 @@ def test_a_confined_fleet_runs_publishes_and_stops_without_leftovers(tmp_path, r
         again = _playbook(scratch, fleet)
         assert again.returncode == 0 and re.search(r"localhost\s+:\s+ok=\d+\s+changed=0\s", again.stdout), again.stdout[-2000:]
         # Its KV events reach a subscriber that binds its endpoint (kv_events_check's core, the request as its trigger).
-        sys.path.insert(0, os.path.join(ROOT, "tools"))
-        from _loader import module_utils  # pylint: disable=import-outside-toplevel,import-error
-        events_check = module_utils("kv.events_check")
+        from ansible_collections.inference_cache.substrate.plugins.module_utils.kv import events_check  # pylint: disable=import-outside-toplevel
         facts = events_check.KVEventsCheck({
             "endpoint": engine["kv_subscriber"]["endpoint"], "socket_mode": "bind", "topic": engine["kv_subscriber"]["topic"],
             "timeout": 30, "expect": {"BlockStored": 1},

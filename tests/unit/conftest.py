@@ -76,7 +76,7 @@ class PublisherThread(object):
 def publisher(zctx):
     """publisher(endpoint, bind=..., replay_endpoint=..., count=..., **run kwargs) -> context manager running it in a thread."""
 
-    from ansible_collections.inference_cache.substrate.tools import _kv_synthetic as synth  # pylint: disable=import-outside-toplevel
+    from ansible_collections.inference_cache.substrate.tests.harness import kv_synthetic as synth  # pylint: disable=import-outside-toplevel
 
     def make(endpoint, bind=True, replay_endpoint=None, topic="", wire_format="vllm-map", replay_topic=True, rank=0,
              hash_kind="int", **run_kwargs):

@@ -17,7 +17,8 @@ parameter fields, their JSON types) come from each implementation's per-version 
 another (plugin references, the precise producer and its token producer, data-layer wiring) and to the engines is the
 table of rules in :mod:`.rules` (``ALL_RULES``, ``RULES``, ``GIE_RULES``, importable from here too).
 
-This file is the engine that applies them: :class:`_Config` walks a config and yields the subjects in the order the EPP
+The result a check returns, and the sentence guards, are :mod:`.findings`'s. This file is the engine that applies them:
+:class:`_Config` walks a config and yields the subjects in the order the EPP
 meets them (a kind of subject and its fields, read as the EPP reads them: :mod:`.values`); :func:`_evaluate` applies
 every rule of the implementation to each subject; :func:`check_epp_config` checks the caller's arguments first.
 
@@ -31,7 +32,6 @@ from __future__ import absolute_import, division, print_function
 __metaclass__ = type  # pylint: disable=invalid-name
 
 import copy
-import re
 
 try:
     import yaml
@@ -39,12 +39,13 @@ except ImportError:  # pragma: no cover - check_epp_text needs it; check_epp_con
     yaml = None
 
 from . import gie
-from .plugins import DEFAULT_ROUTER_VERSION, INPUT, REFUSED, SEMANTICS, WARNING
+from .llm_d import INPUT, REFUSED, SEMANTICS
 from .rules import (
     API_VERSION, DEFAULT_ENGINE_TYPE, DEFAULT_ROUTER_IMPL, GIE, IMPLS, KIND, LLM_D, PRECISE_LEGACY_SCORER, PRECISE_PRODUCER,
     PRECISE_TYPES, PREFIX_SCORER, RULES_BY_IMPL, TOKEN_PRODUCER)
 # The rule tables, importable from here as before they had a file of their own.
 from .rules import ALL_RULES, GIE_RULES, RULES  # pylint: disable=unused-import
+from .findings import EppConfigResult, serious as _serious, text as _text
 from .schema import show, type_name, validate
 from .values import as_list, as_mapping, is_int, is_mapping, is_named, is_number, param
 from ..common import wiring
@@ -78,83 +79,6 @@ NUMERIC_TEXT = ("hash_seed",)  # settings read as text when given as a number (P
 ENGINE_WORDS = {"int": "an integer", "bool": "a boolean", "str": "a string"}
 
 
-class EppConfigResult(object):
-    """Outcome of a check: ``problems`` make it fail; ``deprecations`` and ``warnings`` do not.
-
-    ``findings`` lists every sentence with its kind (``plugins.KINDS``): ``refused`` (the EPP does not start),
-    ``broken`` (it starts, then crashes or never does what the config asks), ``warning`` (deprecations included) and
-    ``input`` (the check's own arguments are wrong). ``problems`` holds the refused, broken and input sentences.
-    ``epp_starts`` is whether the EPP starts with the config: no refused finding (``None`` when the config could not
-    be checked against a router version). ``rules`` names the rule of :data:`ALL_RULES` behind each finding, in the same
-    order (None for the checks of the arguments); it is not part of :meth:`as_dict`. ``decoded`` is False when the
-    text could not be decoded at all (then its one finding says so).
-    """
-
-    def __init__(self, router_version=DEFAULT_ROUTER_VERSION, router_impl=DEFAULT_ROUTER_IMPL):
-        self.router_version = router_version
-        self.router_impl = router_impl
-        self.decoded = True
-        self.problems = []
-        self.deprecations = []
-        self.warnings = []
-        self.findings = []
-        self.rules = []
-        self.summary = {}
-        self.checked = True
-
-    def add(self, kind, sentence, deprecation=False, rule=None):
-        """Record one finding of ``kind`` and file its sentence in problems, deprecations or warnings."""
-        self.findings.append({"kind": kind, "sentence": sentence})
-        self.rules.append(rule)
-        if kind == WARNING:
-            (self.deprecations if deprecation else self.warnings).append(sentence)
-        else:
-            self.problems.append(sentence)
-
-    @property
-    def ok(self):
-        return not self.problems
-
-    @property
-    def epp_starts(self):
-        if not self.checked:
-            return None
-        return not any(finding["kind"] == REFUSED for finding in self.findings)
-
-    def kind_of(self, sentence):
-        """The kind of a finding, by its sentence (None if there is no such finding)."""
-        for finding in self.findings:
-            if finding["sentence"] == sentence:
-                return finding["kind"]
-        return None
-
-    def finish(self):
-        """Make every sentence one line, whatever the input held."""
-        for found in (self.problems, self.deprecations, self.warnings):
-            found[:] = [_one_line(sentence) for sentence in found]
-        for finding in self.findings:
-            finding["sentence"] = _one_line(finding["sentence"])
-        return self
-
-    def as_dict(self):
-        return {"ok": self.ok, "problems": list(self.problems), "deprecations": list(self.deprecations),
-                "warnings": list(self.warnings), "summary": dict(self.summary), "router_version": self.router_version,
-                "router_impl": self.router_impl, "epp_starts": self.epp_starts, "findings": [dict(finding) for finding in self.findings]}
-
-
-_PLAIN_NAME = re.compile(r"^[A-Za-z0-9_.$@/:+()-]{1,80}$")
-
-
-def _text(value):
-    """A config value used as a name in a sentence: plain names as they are, anything else quoted and shortened."""
-    return value if isinstance(value, str) and _PLAIN_NAME.match(value) else show(value)
-
-
-def _one_line(sentence):
-    """The last guard of 'one sentence on one line': control characters from the input are escaped."""
-    return "".join(ch if ch >= " " or ch == "\t" else repr(ch)[1:-1] for ch in sentence).replace("\t", " ")
-
-
 def _evaluate(config, rules_by_subject=None):
     """Apply the rules to every subject ``config.walk()`` yields, in order; record each finding in ``config.res``."""
     rules_by_subject = RULES_BY_IMPL[config.impl] if rules_by_subject is None else rules_by_subject
@@ -178,11 +102,6 @@ class _Subject(object):
 
     def __init__(self, **fields):
         self.__dict__.update(fields)
-
-
-def _serious(findings):
-    """Schema findings that make a parameter shape wrong (deprecations and case differences do not)."""
-    return any(finding.kind not in ("deprecated", "case") for finding in findings)
 
 
 def _unregistered_note(removed, ptype):

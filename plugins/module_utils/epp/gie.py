@@ -58,8 +58,8 @@ from __future__ import absolute_import, division, print_function
 __metaclass__ = type  # pylint: disable=invalid-name
 
 from ..common import wiring
-from .plugins import PLUGINS as LLM_D_PLUGINS
-from .plugins import REFUSED, WARNING, ROUTER_VERSION as LLM_D_VERSION
+from .llm_d import PLUGINS as LLM_D_PLUGINS
+from .llm_d import REFUSED, WARNING, ROUTER_VERSION as LLM_D_VERSION
 from .schema import ANY, BOOL, GO_DURATION, NANOSECONDS, STR, enum, integer, list_of, number, obj
 from .values import as_list, is_mapping, param
 
@@ -373,3 +373,21 @@ DEFAULT_CONFIG = {
 PRECISE_MODE = (
     "mode precise needs a KV-event consumer, and GIE {version} has none (approximate prefix-cache scoring only); use "
     "router_impl llm-d for precise routing.", RUNNER)
+
+
+# The EPP's command-line flags: every flag it defines (pkg/epp/server/options.go AddFlags, with controller-runtime's zap
+# flags, pkg/log/zap BindFlags); cmd/epp/runner/runner.go parses them with pflag.CommandLine (ExitOnError), so any other
+# flag stops the EPP at start. REMOVED_FLAGS: the metric flags it still defines but refuses when set (options.go Validate:
+# "flag ... is deprecated and cannot be used; configure metrics via engineConfigs"). Read at
+# gateway-api-inference-extension@v1.4.0:pkg/epp/server/options.go (133-197, 240-251); `epp --help` of the build agrees
+# (tests/integration/test_render_router_hardening.py holds both against it). epp/flags.py refuses what a user passes.
+REMOVED_FLAGS = ("total-queued-requests-metric", "total-running-requests-metric", "kv-cache-usage-percentage-metric",
+                 "lora-info-metric", "cache-info-metric")
+FLAGS = (
+    "grpc-port", "ha-enable-leader-election", "pool-group", "pool-namespace", "pool-name", "endpoint-selector",
+    "endpoint-target-ports", "disable-endpoint-subset-filter", "model-server-metrics-scheme", "model-server-metrics-path",
+    "model-server-metrics-port", "model-server-metrics-https-insecure-skip-verify", "refresh-metrics-interval",
+    "refresh-prometheus-metrics-interval", "metrics-staleness-threshold") + REMOVED_FLAGS + (
+    "v", "zap-devel", "zap-encoder", "zap-log-level", "zap-stacktrace-level", "zap-time-encoding", "tracing",
+    "health-checking", "metrics-port", "grpc-health-port", "enable-pprof", "cert-path", "enable-cert-reload", "secure-serving",
+    "metrics-endpoint-auth", "config-file", "config-text")

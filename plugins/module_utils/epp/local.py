@@ -5,24 +5,20 @@
 
 # PRIVATE to the inference_cache.substrate collection: the names here may change without notice.
 
-"""A real EPP on this machine, confined to loopback: which binary, its process, file discovery, KV relays, ``serve``
-(pure Python, no Ansible).
+"""A real EPP on this machine, confined to loopback: which binary, its process, ``serve`` (pure Python, no Ansible).
 
 Two EPPs: the llm-d router's (``llm-d``, v0.9.0: precise routing from the engines' KV events; discovery from a file) and
 the Gateway API Inference Extension's (``gie``, v1.4.0, the upstream EPP llm-d's extends: approximate prefix-cache
 scoring; it always discovers its endpoints through the Kubernetes API, here a kwok cluster's real API server, whose
-side is ``epp/local_kube.py``). Used by the ``local_router`` role (``serve``, as a service of ``local_service``),
-``make bench-routing`` and the tests.
+side is ``epp/local_kube.py``). Used by the ``local_router`` role (``serve``, as a service of ``local_service``), and by
+the benchmarks and tests, whose harness (``tests/harness/epp_lab.py``: file discovery, KV relays, an InferencePool over
+local engines) stays out of the collection's payload.
 
 ``resolve_binary(given)``: the llm-d EPP binary (``given``, else ``SUBSTRATE_EPP_BINARY``, else the build of the
 collection's catalog of Go builds, ``vars/go_builds.yml`` ``llm-d-router``), or ``None`` and the reason in one sentence.
 ``resolve_gie()``: the GIE EPP of that catalog's ``gie`` build. ``resolve_epp(given, impl)``: ``(path, impl, None)`` or
 ``(None, None, sentence)``: llm-d's where it can be had, else the GIE EPP. Nothing here builds: the builds are
 ``inference_cache.substrate.go_build``'s (``playbooks/go_build.yml``).
-
-``with_file_discovery(config, endpoints_path)``: an EndpointPickerConfig (the router role's, or any) with its endpoints
-from a file instead of Kubernetes: the ``file-discovery`` plugin, ``dataLayer.discovery`` on it, no injected defaults
-(they discover pods through the API server) and the metrics data source the defaults would have brought.
 
 ``EPP(binary, config, endpoints, folder, secure=False, confine=True, impl="llm-d", pool=..., kubeconfig=None)``: one
 EPP process over ``endpoints`` (``[(name, address, port)]``; for ``gie``, the InferencePool ``pool`` of ``namespace``
@@ -32,13 +28,8 @@ default it runs confined (``service/confine.py``: a network namespace whose only
 ``metrics_url`` are the host side, on 127.0.0.1. ``confine=False`` (only when the user asks) runs it unconfined on
 free ports.
 
-``Relay(engine_endpoint, public_endpoint)``: the precise producer dials ``tcp://<endpoint address>:<socketPort>``
-for every endpoint, but vLLM connects (does not bind) to an endpoint without ``*``. The relay binds an XSUB at the
-engine's own endpoint (the engine connects to it) and an XPUB at ``tcp://<engine address>:<common port>``, and
-forwards both ways (events down, subscriptions up), as ``zmq.proxy`` does, counting the subscriptions it saw.
-
-``python -m ansible_collections.inference_cache.substrate.plugins.module_utils.epp.local serve ...`` (PYTHONPATH at the
-collections root): one confined EPP in the foreground until SIGTERM, on fixed host ports.
+``serve(...)``: one confined EPP in the foreground until SIGTERM, on fixed host ports (``roles/local_router/files/epp_serve.py``
+is its entry).
 """
 
 from __future__ import absolute_import, division, print_function
@@ -60,15 +51,13 @@ from urllib.parse import urlsplit
 
 from ..common.errors import CheckError
 from ..common.wiring import GIE_VERSION, ROUTER_IMPLS, ROUTER_VERSION
+from ..go.build import build_dir as _build_dir, state_dir
 from ..service.confine import Confined, ConfinementError, stop_group
 from .local_kube import kube_server, service_account_kubeconfig
 
 IMPLS = tuple(sorted(ROUTER_IMPLS))
 # The EPP's own ports inside its namespace (its defaults: llm-d-router@v0.9.0:cmd/epp/runner/runner.go flags).
 INSIDE_PORTS = {"grpc": 9002, "health": 9003, "metrics": 9090}
-# Where inference_cache.substrate.go_build puts the builds of vars/go_builds.yml (kwok_cluster's state folder):
-# bin/<name>-<version>/.
-BUILDS = os.path.join("~", ".cache", "inference_cache", "kwok_cluster", "bin")
 LLM_D_BUILD = "llm-d-router"
 GIE_BUILD = "gie"
 LLM_D_MODULE = "github.com/llm-d/llm-d-router"
@@ -79,8 +68,9 @@ class EPPError(CheckError):
 
 
 def build_dir(name, version):
-    """The folder of the catalog's build ``name`` at ``version`` (vars/go_builds.yml, built by go_build)."""
-    return os.path.expanduser(os.path.join(BUILDS, "%s-%s" % (name, version)))
+    """The folder of the catalog's build ``name`` at ``version`` (vars/go_builds.yml, built by the go_builds role), where
+    ``go/build.py`` says the builds live."""
+    return _build_dir(state_dir(), name, version)
 
 
 def _executable(path):
@@ -98,7 +88,7 @@ def resolve_binary(given=None, use_env=True):
     if _executable(built):
         return built, None
     return None, ("No EPP binary given and none at %s; set SUBSTRATE_EPP_BINARY to an EPP %s binary, or build it where the Go "
-                  "module proxy serves %s (ansible-playbook playbooks/go_build.yml -e '{\"kwok_cluster_builds\": [\"%s\"]}')." % (
+                  "module proxy serves %s (ansible-playbook playbooks/go_build.yml -e '{\"go_builds_names\": [\"%s\"]}')." % (
                       built, ROUTER_VERSION, LLM_D_MODULE, LLM_D_BUILD))
 
 
@@ -168,23 +158,6 @@ def free_port(*hosts):
     raise EPPError("No TCP port is free on all of %s." % ", ".join(hosts))
 
 
-def with_file_discovery(config, endpoints_path):
-    """``config`` with its endpoints read from ``endpoints_path`` (file-discovery) instead of Kubernetes."""
-    config = copy.deepcopy(config) if config else {"apiVersion": "llm-d.ai/v1alpha1", "kind": "EndpointPickerConfig"}
-    plugins = [p for p in config.get("plugins") or [] if p.get("type") != "file-discovery"]
-    names = set(p.get("name") or p.get("type") for p in plugins)
-    plugins.insert(0, {"name": "file-discovery", "type": "file-discovery", "parameters": {"path": endpoints_path, "watchFile": False}})
-    layer = config.setdefault("dataLayer", {})
-    layer["injectDefaults"] = False
-    layer["discovery"] = {"pluginRef": "file-discovery"}
-    sources = layer.setdefault("sources", [])
-    if "metrics-source" not in names:
-        plugins += [{"name": "metrics-source", "type": "metrics-data-source"}, {"name": "metrics-extractor", "type": "core-metrics-extractor"}]
-        sources.append({"pluginRef": "metrics-source", "extractors": [{"pluginRef": "metrics-extractor"}]})
-    config["plugins"] = plugins
-    return config
-
-
 def reached_addresses(config, endpoints):
     """The (host, port) pairs the EPP dials: each endpoint's HTTP port and KV-event port, the token producer's URL."""
     out = [(address, int(port)) for _name, address, port in endpoints]
@@ -200,63 +173,12 @@ def reached_addresses(config, endpoints):
     return sorted(set(out))
 
 
-class Relay:
-    """XSUB bound at the engine's endpoint, XPUB bound at the public one; events down, subscriptions up."""
-
-    def __init__(self, engine_endpoint, public_endpoint):
-        import zmq  # pylint: disable=import-outside-toplevel
-        self.zmq = zmq
-        self.ctx = zmq.Context()
-        self.xsub = self.ctx.socket(zmq.XSUB)
-        self.xpub = self.ctx.socket(zmq.XPUB)
-        self.xpub.setsockopt(zmq.XPUB_VERBOSE, 1)   # every subscriber's subscription comes up (and is counted)
-        for sock in (self.xsub, self.xpub):
-            sock.setsockopt(zmq.LINGER, 0)
-        self.xsub.bind(engine_endpoint)
-        self.xpub.bind(public_endpoint)
-        self.public_endpoint = public_endpoint
-        self.subscriptions = []
-        self.stopping = threading.Event()
-        self.thread = threading.Thread(target=self._run, daemon=True)
-        self.thread.start()
-
-    def _run(self):
-        poller = self.zmq.Poller()
-        poller.register(self.xsub, self.zmq.POLLIN)
-        poller.register(self.xpub, self.zmq.POLLIN)
-        while not self.stopping.is_set():
-            for sock, _event in poller.poll(100):
-                frames = sock.recv_multipart()
-                if sock is self.xsub:
-                    self.xpub.send_multipart(frames)
-                else:
-                    if frames and frames[0][:1] == b"\x01":
-                        self.subscriptions.append(frames[0][1:])
-                    self.xsub.send_multipart(frames)
-        self.xsub.close(0)
-        self.xpub.close(0)
-
-    def stop(self):
-        self.stopping.set()
-        self.thread.join(5)
-        self.ctx.term()
-
-
-def wait_subscribed(relays, counts, timeout=30.0):
-    """Until each relay saw its count of subscriptions: the streams reach their subscribers."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if all(len(r.subscriptions) >= count for r, count in zip(relays, counts)):
-            return
-        time.sleep(0.1)
-    raise EPPError("The KV-event relays saw these subscriptions only: %s." % [(r.public_endpoint, r.subscriptions) for r in relays])
-
-
 class EPP:
     """One EPP process; ``address`` is its ext_proc host:port, ``metrics_url`` its metrics.
 
-    ``impl`` llm-d: file discovery over ``endpoints``. ``impl`` gie: the InferencePool ``pool`` of ``namespace`` through
-    ``kubeconfig`` (its API server is bridged in too), ``endpoints`` naming the engines its pods resolve to.
+    ``impl`` llm-d: ``config`` names how it discovers ``endpoints`` (a file, for the tests and benchmarks: their harness writes
+    it). ``impl`` gie: the InferencePool ``pool`` of ``namespace`` through ``kubeconfig`` (its API server is bridged in too),
+    ``endpoints`` naming the engines its pods resolve to.
     """
 
     def __init__(self, binary, config, endpoints, folder, secure=False, name="epp", confine=True, pool="substrate-local",
@@ -277,10 +199,7 @@ class EPP:
             except CheckError as exc:
                 raise EPPError(exc.msg)
         else:
-            self.endpoints_path = os.path.join(folder, "%s-endpoints.yaml" % name)
-            with open(self.endpoints_path, "w", encoding="utf-8") as out:
-                json.dump({"endpoints": [{"name": n, "address": a, "port": str(p)} for n, a, p in endpoints]}, out)
-            self.config = with_file_discovery(config, self.endpoints_path)
+            self.config = copy.deepcopy(config) if config else {}
         self.config_path = os.path.join(folder, "%s-config.yaml" % name)
         with open(self.config_path, "w", encoding="utf-8") as out:
             json.dump(self.config, out, indent=1)   # JSON is YAML
@@ -393,82 +312,47 @@ class EPP:
         self.stop()
 
 
-def _parser():
-    import argparse  # pylint: disable=import-outside-toplevel
-    parser = argparse.ArgumentParser(prog="epp.local serve", description=serve.__doc__)
-    parser.add_argument("--binary", required=True)
-    parser.add_argument("--impl", choices=IMPLS, default="gie")
-    parser.add_argument("--config", required=True, help="the EndpointPickerConfig (YAML)")
-    parser.add_argument("--folder", required=True, help="a private folder for the EPP's files")
-    parser.add_argument("--grpc-port", type=int, required=True, help="ext_proc on 127.0.0.1")
-    parser.add_argument("--metrics-port", type=int, required=True, help="metrics on 127.0.0.1")
-    parser.add_argument("--endpoint", action="append", default=[], metavar="NAME=HOST:PORT", help="an engine it reaches")
-    parser.add_argument("--kubeconfig")
-    parser.add_argument("--pool")
-    parser.add_argument("--namespace", default="default")
-    parser.add_argument("--service-account", help="run with this ServiceAccount's token (of --namespace), not --kubeconfig's user")
-    parser.add_argument("--secure", action="store_true")
-    return parser
+def serve(binary, impl, config, folder, grpc_port, metrics_port, endpoints=(), kubeconfig=None, pool=None, namespace="default",
+          service_account=None, secure=False, out=sys.stdout, err=sys.stderr):
+    """One confined EPP in the foreground until SIGTERM, on fixed host ports; its exit code (a service of local_service: the
+    local_router role's launcher runs ``roles/local_router/files/epp_serve.py``, a thin entry over this).
 
-
-def serve(argv):
-    """``serve``: one confined EPP in the foreground until SIGTERM, on fixed host ports (a service of local_service: the
-    local_router role)."""
-    args = _parser().parse_args(argv)
+    ``config``: the EndpointPickerConfig's path (YAML); ``endpoints``: ``[(name, host, port)]`` it reaches;
+    ``service_account``: run with that ServiceAccount's token (of ``namespace``), not ``kubeconfig``'s user."""
     import yaml  # pylint: disable=import-outside-toplevel
-    with open(args.config, encoding="utf-8") as handle:
-        config = yaml.safe_load(handle) or {}
-    endpoints = []
-    for item in args.endpoint:
-        name, _eq, where = item.partition("=")
-        host, _colon, port = where.rpartition(":")
-        endpoints.append((name, host, int(port)))
-    os.makedirs(args.folder, mode=0o700, exist_ok=True)
-    kubeconfig = args.kubeconfig
-    if kubeconfig and args.service_account:
-        try:
-            kubeconfig = service_account_kubeconfig(kubeconfig, args.namespace, args.service_account,
-                                                    os.path.join(args.folder, "epp.kubeconfig"))
-        except CheckError as exc:
-            raise EPPError(exc.msg)
-    # A stop asked for while the EPP and its bridge are being set up is kept for after it (the default action would
-    # leave the bridge's sockets' folder behind).
-    stopping = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stopping.set())
-    signal.signal(signal.SIGINT, lambda *_: stopping.set())
-    epp = EPP(args.binary, config, endpoints, args.folder, secure=args.secure, name="epp", impl=args.impl,
-              pool=args.pool or "substrate-local", kubeconfig=kubeconfig, namespace=args.namespace,
-              host_ports={"grpc": args.grpc_port, "metrics": args.metrics_port})
+    try:
+        with open(config, encoding="utf-8") as handle:
+            loaded = yaml.safe_load(handle) or {}
+        os.makedirs(folder, mode=0o700, exist_ok=True)
+        if kubeconfig and service_account:
+            kubeconfig = service_account_kubeconfig(kubeconfig, namespace, service_account, os.path.join(folder, "epp.kubeconfig"))
+        # A stop asked for while the EPP and its bridge are being set up is kept for after it (the default action would
+        # leave the bridge's sockets' folder behind).
+        stopping = threading.Event()
+        signal.signal(signal.SIGTERM, lambda *_: stopping.set())
+        signal.signal(signal.SIGINT, lambda *_: stopping.set())
+        epp = EPP(binary, loaded, list(endpoints), folder, secure=secure, name="epp", impl=impl, pool=pool or "substrate-local",
+                  kubeconfig=kubeconfig, namespace=namespace, host_ports={"grpc": grpc_port, "metrics": metrics_port})
+    except CheckError as exc:
+        err.write("%s\n" % exc.msg)
+        return 1
+    except OSError as exc:
+        err.write("The EPP could not be started: %s.\n" % exc)
+        return 1
     try:
         if stopping.is_set():
             return 0
         epp.start(timeout=120)
-        sys.stdout.write("EPP (%s) serving ext_proc on %s, metrics on %s; log %s\n" % (args.impl, epp.address, epp.metrics_url, epp.log_path))
-        sys.stdout.flush()
+        out.write("EPP (%s) serving ext_proc on %s, metrics on %s; log %s\n" % (impl, epp.address, epp.metrics_url, epp.log_path))
+        out.flush()
         while not stopping.is_set() and epp.proc.poll() is None:
             stopping.wait(0.5)
+    except CheckError as exc:
+        err.write("%s\n" % exc.msg)
+        return 1
     finally:
         epp.stop()
     if not stopping.is_set():
-        sys.stderr.write("The EPP exited with %s; its log ends:\n%s\n" % (epp.proc.returncode, epp.log()))
+        err.write("The EPP exited with %s; its log ends:\n%s\n" % (epp.proc.returncode, epp.log()))
         return 1
     return 0
-
-
-def main(argv):
-    if argv[:1] == ["serve"]:
-        try:
-            return serve(argv[1:])
-        except CheckError as exc:
-            sys.stderr.write("%s\n" % exc.msg)
-            return 1
-        except OSError as exc:
-            sys.stderr.write("The EPP could not be started: %s.\n" % exc)
-            return 1
-    sys.stderr.write("usage: python -m ansible_collections.inference_cache.substrate.plugins.module_utils.epp.local serve ... "
-                     "(a confined EPP as a service)\n")
-    return 2
-
-
-if __name__ == "__main__":
-    raise SystemExit(main(sys.argv[1:]))

@@ -24,7 +24,7 @@ from __future__ import absolute_import, division, print_function
 __metaclass__ = type  # pylint: disable=invalid-name
 
 from . import gie
-from .plugins import (
+from .llm_d import (
     BEHAVIOUR, BROKEN, CONFIG_SCHEMA, DEFAULT_CONFIG, DEFAULT_ROUTER_VERSION, FEATURE_GATES, PLUGINS, REFUSED, REMOVED_OR_LATER,
     ROUTER_SOURCE, ROUTER_VERSIONS, SEMANTICS, WARNING)
 from .schema import show

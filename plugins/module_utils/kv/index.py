@@ -242,7 +242,7 @@ class KVBlockIndex:
         self.engine(engine).clear()
 
     def apply(self, engine, event):
-        """Apply one decoded event (``_kv_events.Event`` or the typed wire struct, token ids decoded)."""
+        """Apply one decoded event (``events.Event`` or the typed wire struct, token ids decoded)."""
         kind = event.type
         if kind == "BlockStored":
             extra = getattr(event, "extra_keys", None)

@@ -11,7 +11,7 @@
 connects it; ``replay(ctx, endpoint, start_seq, deadline)`` asks a vLLM / SGLang replay ROUTER for the batches
 from ``start_seq`` on and yields ``(topic, seq, payload)``. Both raise ``zmq.ZMQError`` as it comes: the consumer
 (``kv/consumer.py``, the only user within module_utils) turns it into one sentence. The synthetic publisher used
-by the tests and ``tools/kv_events_publish.py`` lives in ``tools/_kv_synthetic.py``, outside the module payload.
+by the tests and ``tools/kv_events_publish.py`` lives in ``tests/harness/kv_synthetic.py``, outside the module payload.
 """
 
 from __future__ import absolute_import, division, print_function

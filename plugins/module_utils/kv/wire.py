@@ -7,7 +7,7 @@
 
 """Typed msgspec shapes of the KV-event wire format (fast path of the decoder).
 
-This file imports msgspec unconditionally; ``_kv_events`` imports it behind a guard.
+This file imports msgspec unconditionally; ``events.py`` imports it behind a guard.
 Two families of shapes, chosen by the decoder's ``include_token_ids`` flag:
 
 * ``SHAPES`` (default, the check): token ids are kept as an undecoded ``msgspec.Raw`` slice (their
@@ -19,7 +19,7 @@ Two families of shapes, chosen by the decoder's ``include_token_ids`` flag:
   into ``list[int]`` and ``extra_keys`` kept (one entry per block, ``None`` or a list), because they change a
   block's identity. ``event_to_dict`` never reports them.
 
-Both expose the attributes of ``_kv_events.Event`` / ``_kv_events.DecodedBatch``.
+Both expose the attributes of ``events.Event`` / ``events.DecodedBatch``.
 """
 
 from __future__ import absolute_import, division, print_function
@@ -80,7 +80,7 @@ def event_to_dict(ev, max_hashes=None):
 try:
     import msgspec
     HAS_MSGSPEC = True
-except ImportError:  # the importer (_kv_events) reports it; the module fails with missing_required_lib
+except ImportError:  # the importer (events.py) reports it; the module fails with missing_required_lib
     msgspec = None
     HAS_MSGSPEC = False
 

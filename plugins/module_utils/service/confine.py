@@ -14,9 +14,10 @@ A program that listens on every interface and has no bind flag (the EPPs: ``epp/
 127.0.0.1, each through a Unix socket in a private folder of the temporary folder (a socket's path holds at most 107
 bytes, which a folder under a long HOME exceeds). ``Confined(...).ports`` maps each served port to its host port.
 
-Run with ``--inside SPEC -- COMMAND`` (``Confined`` does it, through a bootstrap that loads this package from its
-folder, however it was loaded here), this module is the namespace's side of the bridge: loopback up, TCP listeners for
-what the command reaches, Unix listeners for what it serves, then the command itself.
+Run with ``--inside SPEC -- COMMAND`` (``Confined`` does it, through the collection's loader, ``plugins/module_utils/_loader.py``,
+however this module was loaded here), this module is the namespace's side of the bridge: loopback up, TCP listeners for
+what the command reaches, Unix listeners for what it serves, then the command itself. ``run(spec, command)`` keeps a
+confined program in the foreground until SIGTERM (``roles/simulated_engine/files/confined.py`` is its entry).
 """
 
 from __future__ import absolute_import, division, print_function
@@ -39,12 +40,8 @@ import time
 from ..common.duplex import duplex
 from ..common.errors import CheckError
 
-# The bootstrap of the namespace's side: this package registered under a private name from its own folder (as
-# tools/_loader.py does), so its relative imports work whether it was loaded as ansible_collections... or by a loader.
-_PACKAGE = "inference_cache_substrate_confined"
-_BOOT = ("import importlib, sys, types; p = types.ModuleType(%r); p.__path__ = [%r]; sys.modules[%r] = p; "
-         "sys.exit(importlib.import_module(%r).main(sys.argv[1:]))")
-_MODULE_UTILS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# The namespace's side runs this module through the collection's one loader, beside this package's folders.
+_LOADER = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "_loader.py")
 SUN_PATH_MAX = 107
 
 
@@ -224,8 +221,8 @@ class Confined:
             self.stop()
             raise
         self.ready_path = spec["ready"]
-        boot = _BOOT % (_PACKAGE, _MODULE_UTILS, _PACKAGE, _PACKAGE + ".service.confine")
-        self.cmd = [unshare, "--net", "--map-root-user", sys.executable, "-c", boot, "--inside", json.dumps(spec), "--"] + list(command)
+        self.cmd = ([unshare, "--net", "--map-root-user", sys.executable, _LOADER, "service.confine", "--inside", json.dumps(spec), "--"]
+                    + list(command))
         self.log_path = log_path
 
     def start(self, env=None):
@@ -256,18 +253,23 @@ class Confined:
 
 
 def run(spec, command):
-    """``--run SPEC -- COMMAND``: ``command`` confined in the foreground until SIGTERM or its exit (a service of
-    local_service: the simulated_engine role). SPEC: ``{"reach": [[host, port]...], "serve": [port...], "serve_host",
-    "host_ports": {port: host port}, "folder", "label"}``; the program's output is this process's."""
+    """``command`` confined in the foreground until SIGTERM or its exit; its exit code (a service of local_service: the
+    simulated_engine role's launcher runs ``roles/simulated_engine/files/confined.py``, a thin entry over this). ``spec``:
+    ``{"reach": [[host, port]...], "serve": [port...], "serve_host", "host_ports": {port: host port}, "folder", "label"}``;
+    the program's output is this process's; a failure to confine is one sentence on stderr and exit code 1."""
     host_ports = dict((int(k), int(v)) for k, v in (spec.get("host_ports") or {}).items())
     # A stop asked for while the bridge is being set up is kept for after it (the default action would leave its
     # sockets' folder behind).
     stopping = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stopping.set())
     signal.signal(signal.SIGINT, lambda *_: stopping.set())
-    confined = Confined(command, [tuple(r) for r in spec.get("reach") or []], [int(p) for p in spec.get("serve") or []],
-                        spec["folder"], None, host_ports=host_ports, label=spec.get("label") or "program",
-                        serve_host=spec.get("serve_host") or "127.0.0.1")
+    try:
+        confined = Confined(command, [tuple(r) for r in spec.get("reach") or []], [int(p) for p in spec.get("serve") or []],
+                            spec["folder"], None, host_ports=host_ports, label=spec.get("label") or "program",
+                            serve_host=spec.get("serve_host") or "127.0.0.1")
+    except ConfinementError as exc:
+        sys.stderr.write("%s\n" % exc.msg)
+        return 1
     try:
         if not stopping.is_set():
             confined.start()
@@ -279,21 +281,8 @@ def run(spec, command):
 
 
 def main(argv):
-    """``--inside SPEC -- COMMAND``: the namespace's side (started by ``Confined``, not by hand); ``--run SPEC -- COMMAND``:
-    a confined program in the foreground (``run``)."""
-    if len(argv) >= 3 and argv[0] in ("--inside", "--run") and "--" in argv:
-        split = argv.index("--")
-        if argv[0] == "--run":
-            try:
-                return run(json.loads(argv[1]), argv[split + 1:])
-            except ConfinementError as exc:
-                sys.stderr.write("%s\n" % exc.msg)
-                return 1
-        return inside(json.loads(argv[1]), argv[split + 1:])
-    sys.stderr.write("usage: --inside SPEC -- COMMAND (the namespace's side of a confined program, started by Confined), or "
-                     "--run SPEC -- COMMAND (a confined program in the foreground)\n")
+    """``--inside SPEC -- COMMAND``: the namespace's side, started by ``Confined`` through the collection's loader."""
+    if len(argv) >= 3 and argv[0] == "--inside" and "--" in argv:
+        return inside(json.loads(argv[1]), argv[argv.index("--") + 1:])
+    sys.stderr.write("usage: --inside SPEC -- COMMAND (the namespace's side of a confined program, started by Confined)\n")
     return 2
-
-
-if __name__ == "__main__":
-    raise SystemExit(main(sys.argv[1:]))

@@ -36,7 +36,7 @@ import time
 from . import process
 from .process import ServiceError
 
-__all__ = ["ServiceError", "ServiceFiles", "Supervisor", "file_checksum", "identify", "log_tail", "status", "stop_group"]
+__all__ = ["ServiceError", "ServiceFiles", "Supervisor", "file_checksum", "identify", "log_tail", "restart", "status", "stop_group"]
 
 # A legacy run file (no identity) is trusted when the process started at most this long after its pid file was written.
 LEGACY_START_SLACK = 2.0
@@ -322,3 +322,24 @@ class Supervisor(object):
         raise ServiceError(
             "%s (%s) and was stopped; last log lines: %s" % (reason, self.files.log, " | ".join(tail[-8:])),
             reason=reason, pid=pid, log_tail=tail, start_seconds=round(self.clock() - started, 1))
+
+
+# The record a role publishes of a service instance it runs (local_engine_info.service, a simulated engine's service): what
+# restarts it from outside a playbook (a benchmark that restarts an engine part way, as local_service would).
+SERVICE_KEYS = ("name", "launcher", "log", "pidfile", "runfile", "health_url", "host", "ports", "start_timeout", "stop_timeout")
+
+
+def restart(service, healthy, clock=time.monotonic, sleep=time.sleep):
+    """Stop, then start again, the instance ``service`` records (its launcher as it is): ``ensure_stopped`` and
+    ``ensure_started`` in turn, as local_service's ``stopped`` then ``started``; the start's result."""
+    missing = [key for key in ("launcher", "log", "pidfile", "runfile", "health_url") if not service.get(key)]
+    if missing:
+        raise ServiceError("The service record lacks %s; restart it through its role, whose record (local_engine_info.service) "
+                           "has them." % ", ".join(missing))
+    files = ServiceFiles(service["pidfile"], service["runfile"], log=service["log"], launcher=service["launcher"])
+    supervisor = Supervisor(files, healthy, clock=clock, sleep=sleep, name=service.get("name") or "service")
+    stop_timeout = int(service.get("stop_timeout") or 30)
+    supervisor.ensure_stopped(stop_timeout)
+    return supervisor.ensure_started(file_checksum(service["launcher"]) or "", service["health_url"], service.get("host") or "127.0.0.1",
+                                     [int(port) for port in service.get("ports") or []], int(service.get("start_timeout") or 300),
+                                     stop_timeout)

@@ -43,29 +43,22 @@ from __future__ import absolute_import, division, print_function
 __metaclass__ = type  # pylint: disable=invalid-name
 
 import argparse
-import importlib
+import importlib.util
 import json
 import os
 import socket
 import sys
 import time
-import types
 
-# The collection's plugins/module_utils, found from this file's place in the collection (roles/cluster_verify/files/):
-# in the Job the ConfigMap mounts both at the same relative paths. The folder is registered as a package of its own
-# (as the hand-run tools' loader does) so the relative imports between module_utils files work.
-PACKAGE = "inference_cache_substrate_module_utils"
-MODULE_UTILS = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))),
-                            "plugins", "module_utils")
-
-
-def module_utils(name):
-    """The module ``plugins/module_utils/<name>.py`` of the collection this file sits in."""
-    if PACKAGE not in sys.modules:
-        package = types.ModuleType(PACKAGE)
-        package.__path__ = [MODULE_UTILS]
-        sys.modules[PACKAGE] = package
-    return importlib.import_module("%s.%s" % (PACKAGE, name))
+# The collection's Python by its full name, through its one loader (plugins/module_utils/_loader.py), found from this
+# file's place in the collection (roles/cluster_verify/files/): in the Job the ConfigMap mounts both at the same relative
+# paths. module_utils("kv.events_check") loads ansible_collections.inference_cache.substrate.plugins.module_utils.kv.events_check
+# where it is used, so a check whose libraries the image lacks fails alone.
+_LOADER_SPEC = importlib.util.spec_from_file_location(
+    "inference_cache_substrate_loader", os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..", "plugins", "module_utils", "_loader.py"))
+_LOADER = importlib.util.module_from_spec(_LOADER_SPEC)
+_LOADER_SPEC.loader.exec_module(_LOADER)
+module_utils = _LOADER.module_utils
 
 
 def _errors():

@@ -157,3 +157,19 @@ def test_the_verifier_tool_closure_runs_from_its_files_alone(tmp_path):
 
 def test_the_filter_is_offered_under_its_name():
     assert C.FilterModule().filters() == {"import_closure": C.import_closure}
+
+
+def test_absolute_imports_of_the_collection_and_its_loader_are_followed(tmp_path):
+    """A script that imports the collection by its full name brings those modules, their packages and the package's loader."""
+    root = make(tmp_path, tree={
+        "roles/r/files/tool.py": "import importlib.util\nfrom ansible_collections.inference_cache.substrate.plugins.module_utils.kv import x\n"
+                                 "import ansible_collections.inference_cache.substrate.plugins.module_utils.common.y as y\n",
+        "plugins/module_utils/_loader.py": "", "plugins/module_utils/kv/__init__.py": "", "plugins/module_utils/kv/x.py": "",
+        "plugins/module_utils/common/__init__.py": "", "plugins/module_utils/common/y.py": "", "plugins/module_utils/common/z.py": ""})
+    assert C.import_closure(["roles/r/files/tool.py"], root) == [
+        "roles/r/files/tool.py", "plugins/module_utils/_loader.py", "plugins/module_utils/common/__init__.py",
+        "plugins/module_utils/common/y.py", "plugins/module_utils/kv/__init__.py", "plugins/module_utils/kv/x.py"]
+    root = make(tmp_path, **{"roles/r/files/tool.py": "from ansible_collections.inference_cache.substrate.plugins.module_utils.kv.gone import Z\n"})
+    with pytest.raises(C.ImportClosureError, match=r"^roles/r/files/tool.py line 1 imports ansible_collections\.inference_cache\.substrate\."
+                       r"plugins\.module_utils\.kv\.gone, but neither plugins/module_utils/kv/gone.py nor "):
+        C.import_closure(["roles/r/files/tool.py"], root)

@@ -20,9 +20,9 @@ from hypothesis import strategies as st
 
 from ansible_collections.inference_cache.substrate.plugins.modules import epp_config_check, gpu_memory_plan
 from ansible_collections.inference_cache.substrate.tests.unit.plugins.modules.utils import AnsibleExitJson, AnsibleFailJson, run_module
-from ansible_collections.inference_cache.substrate.tests.unit.plugins.module_utils.test_epp_config import ENGINE, PRECISE
-from ansible_collections.inference_cache.substrate.tests.unit.plugins.module_utils.test_epp_gie import ROLE as GIE_ROLE
-from ansible_collections.inference_cache.substrate.tests.unit.plugins.module_utils.test_epp_properties import JUNK, NOISE
+from ansible_collections.inference_cache.substrate.tests.unit.plugins.module_utils.epp.test_config import ENGINE, PRECISE
+from ansible_collections.inference_cache.substrate.tests.unit.plugins.module_utils.epp.test_gie import ROLE as GIE_ROLE
+from ansible_collections.inference_cache.substrate.tests.unit.plugins.module_utils.epp.test_config_properties import JUNK, NOISE
 
 
 @pytest.fixture
