@@ -50,8 +50,9 @@ import tempfile
 import threading
 import time
 
-from _routing import fleet, module_utils, simkeys
-from _routing.fleet_workloads import words
+from _routing import module_utils, simkeys
+from fleet import engines as fleet
+from fleet.workload import words
 
 errors = module_utils("common.errors")
 consumer_mod = module_utils("kv.consumer")
