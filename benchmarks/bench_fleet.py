@@ -46,10 +46,15 @@ def _duration(text):
 
 def _latency(text):
     try:
-        overhead, per_token, seqs, factor = [p.strip() for p in text.split(",")]
-        return policies.Latency(_duration(overhead), _duration(per_token), int(seqs), float(factor))
+        parts = [p.strip() for p in text.split(",")]
+        overhead, per_token, seqs, factor = parts[:4]
+        itl, output = (parts[4], parts[5]) if len(parts) == 6 else ("0s", "1")
+        if len(parts) not in (4, 6):
+            raise ValueError(text)
+        return policies.Latency(_duration(overhead), _duration(per_token), int(seqs), float(factor), _duration(itl), int(output))
     except ValueError:
-        raise argparse.ArgumentTypeError("--latency wants OVERHEAD,PER_TOKEN,MAX_NUM_SEQS,TIME_FACTOR (10ms,1ms,4,4), got %r" % text)
+        raise argparse.ArgumentTypeError("--latency wants OVERHEAD,PER_TOKEN,MAX_NUM_SEQS,TIME_FACTOR[,INTER_TOKEN,OUTPUT_TOKENS] "
+                                         "(10ms,1ms,4,2,40ms,8), got %r" % text)
 
 
 def _floats(text):
@@ -82,7 +87,8 @@ def parser_of():
     run.add_argument("--router-label", action="append", type=_named("--router-label"), default=[], metavar="NAME=LABEL",
                      help="how the report names epp:NAME's router")
     run.add_argument("--latency", type=_latency, default="10ms,1ms,4,4",
-                     help="the engines' latency settings: prefill overhead, prefill time per token, max_num_seqs, time factor under load")
+                     help="the engines' latency settings: prefill overhead, prefill time per token, max_num_seqs, time factor under load, "
+                     "and optionally the inter-token latency and the output tokens of every request")
     run.add_argument("--ramp", type=_floats, help="offered rates of the ramp's steps (requests/s)")
     run.add_argument("--step-seconds", type=float)
     run.add_argument("--warmup-requests", type=int)
@@ -186,7 +192,8 @@ def run_command(parser, args):
                 router = labels.get(name[4:], "real EPP") if name.startswith("epp:") else policies.CONFIGS[name]["router"] + " (stand-in)"
                 row = report.row(name, router, seed, spec, fleet.names, records, samples, gauges, meta, args.target_ms / 1000.0)
                 row["latency"] = {"overhead_s": args.latency.overhead_s, "per_token_s": args.latency.per_token_s,
-                                  "max_num_seqs": args.latency.max_num_seqs, "time_factor": args.latency.time_factor}
+                                  "max_num_seqs": args.latency.max_num_seqs, "time_factor": args.latency.time_factor,
+                                  "itl_s": args.latency.itl_s, "output_tokens": args.latency.output_tokens}
                 row["approx"] = policies.blog_approx(spec)
                 with open(args.runs, "a", encoding="utf-8") as out:
                     out.write(json.dumps(row, sort_keys=True) + "\n")

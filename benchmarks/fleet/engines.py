@@ -110,6 +110,46 @@ class Client:
             conn = conns[engine.name] = http.client.HTTPConnection(engine.address, engine.port, timeout=self.timeout)
         return conn
 
+    def stream(self, engine, body, clock):
+        """POST a streamed completion: ``(status, first, usage, error)``: ``first`` when its first chunk arrived (``clock()``),
+        ``usage`` the last chunk's usage (``stream_options.include_usage``), ``error`` the error's message of a refused one.
+        A connection that broke before an answer is opened again once."""
+        for attempt in (1, 2):
+            conn = self._conn(engine)
+            try:
+                conn.request("POST", "/v1/completions", body=json.dumps(body), headers={"Content-Type": "application/json"})
+                resp = conn.getresponse()
+                if resp.status != 200:
+                    data = resp.read()
+                    try:
+                        message = ((json.loads(data or b"{}").get("error") or {}).get("message") or "")
+                    except ValueError:
+                        message = data[:120].decode("utf-8", "replace")
+                    return resp.status, None, None, message
+                first = usage = None
+                while True:
+                    line = resp.readline()
+                    if not line:
+                        break
+                    if not line.startswith(b"data:"):
+                        continue
+                    payload = line[5:].strip()
+                    if payload == b"[DONE]":
+                        break
+                    if first is None:
+                        first = clock()
+                    chunk = json.loads(payload)
+                    if chunk.get("usage"):
+                        usage = chunk["usage"]
+                resp.read()
+                return 200, first, usage, None
+            except (OSError, http.client.HTTPException):
+                conn.close()
+                self.local.conns.pop(engine.name, None)
+                if attempt == 2:
+                    raise
+        return None, None, None, None
+
     def request(self, engine, method, path, body=None):
         """``(status, bytes)``; a connection that broke is opened again once."""
         for attempt in (1, 2):

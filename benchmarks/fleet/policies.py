@@ -34,7 +34,8 @@ Read at the tags (``GIE`` = sigs.k8s.io/gateway-api-inference-extension@v1.4.0, 
 The configurations (``CONFIGS``): ``random``; ``load`` (the blog's load-scheduling: queue and kv-cache-utilization at weight
 1 each); ``approximate`` (the blog's approximate setup, equal weights, its LRU and match limit scaled as the blog sized
 them: ``workload.BLOG``); ``gie-default`` (the collection's default for router_impl gie: queue 2, kv-cache-utilization 2,
-prefix 3 with autoTune, what roles/router renders); ``precise`` (llm-d v0.9.0's documented precise configuration, LLMD
+prefix 3 with autoTune, what roles/router renders); ``approximate-blog-lru`` (the blog's LRU and match limit with the
+collection's weights: which of the two separates the blog's approximate setup from the others); ``precise`` (llm-d v0.9.0's documented precise configuration, LLMD
 deploy/config/epp-precise-prefix-cache-config.yaml: prefix 2, kv-cache-utilization 1, queue 1); and ``oracle``, a heuristic
 that knows each engine's true cache and queue and the simulator's latency model and picks the engine with the lowest
 estimated time to first token: a heuristic, not a bound.
@@ -61,6 +62,10 @@ CONFIGS = {
                     "router": "GIE v1.4.0 scorers", "source": "the blog's approximate setup (estimated-scheduling)"},
     "gie-default": {"weights": {"queue": 2.0, "kv": 2.0, "prefix": 3.0}, "prefix": "gie", "router": "GIE v1.4.0 scorers",
                     "source": "roles/router defaults for router_impl gie (GIE pkg/epp/config/loader/defaults.go)"},
+    "approximate-blog-lru": {"weights": {"queue": 2.0, "kv": 2.0, "prefix": 3.0}, "prefix": "gie", "blog_lru": True,
+                             "router": "GIE v1.4.0 scorers",
+                             "source": "the blog's LRU and match limit at the collection's weights: which of the two the blog's "
+                                       "approximate setup loses by"},
     "precise": {"weights": {"prefix": 2.0, "kv": 1.0, "queue": 1.0}, "prefix": "precise", "router": "llm-d v0.9.0 scorers",
                 "source": "llm-d-router@v0.9.0 deploy/config/epp-precise-prefix-cache-config.yaml"},
     "oracle": {"picker": "oracle", "router": "heuristic", "source": "the true caches and queues, the simulator's latency model"},
@@ -197,20 +202,26 @@ class Request:
 class Latency:
     """The simulator's latency model (llm-d-inference-sim@v0.10.2:pkg/llm-d-inference-sim/latencies.go, per-token calculator):
     TTFT = (overhead + uncached prompt tokens x per token) x the load factor 1 + (time_factor - 1)(running - 1)/(max_num_seqs - 1),
-    with ``running`` the requests running when the prefill starts, itself included."""
+    ``running`` the requests running when the prefill starts; then each further output token an inter-token latency times the
+    load factor. A request holds its slot (and its blocks) until its last token."""
 
-    def __init__(self, overhead_s, per_token_s, max_num_seqs, time_factor):
+    def __init__(self, overhead_s, per_token_s, max_num_seqs, time_factor, itl_s=0.0, output_tokens=1):
         self.overhead_s, self.per_token_s = float(overhead_s), float(per_token_s)
         self.max_num_seqs, self.time_factor = int(max_num_seqs), float(time_factor)
+        self.itl_s, self.output_tokens = float(itl_s), max(1, int(output_tokens))
 
     def factor(self, running):
         if self.max_num_seqs <= 1:
             return 1.0
         return 1.0 + (self.time_factor - 1.0) * (max(1, running) - 1) / float(self.max_num_seqs - 1)
 
-    def work(self, uncached_tokens):
-        """Seconds of prefill at no load."""
+    def prefill(self, uncached_tokens):
+        """Seconds to the first token at no load."""
         return self.overhead_s + max(0, uncached_tokens) * self.per_token_s
+
+    def work(self, uncached_tokens):
+        """Seconds a request holds its slot at no load: its prefill and its further tokens."""
+        return self.prefill(uncached_tokens) + (self.output_tokens - 1) * self.itl_s
 
     def drain_rate(self):
         """Seconds of no-load work a full engine completes per second."""
@@ -272,7 +283,7 @@ class Policy:
         queued = view.queued_work.get(name, 0.0)
         uncached = len(request.tokens) - view.cached_blocks.get(name, 0) * self.block_size
         wait = queued / lat.drain_rate() if running >= lat.max_num_seqs else 0.0
-        return wait + lat.work(uncached) * lat.factor(min(running + 1, lat.max_num_seqs))
+        return wait + lat.prefill(uncached) * lat.factor(min(running + 1, lat.max_num_seqs))
 
     def oracle(self, request, view, names):
         estimates = dict((name, -self.estimate(request, view, name)) for name in names)

@@ -16,7 +16,8 @@ and each request's time in the queue (from being sent to being one of the runnin
 
 ``run(policy, spec, seed)``: every engine's cache emptied (the simulator's development endpoints /sleep and /wake_up:
 AllBlocksCleared), the configuration's warm-up sent at its Poisson times and drained (not measured), then its ramp, each
-request routed at its arrival and sent to ONE engine (max_tokens 1: its latency is its time to first token). A stand-in
+request routed at its arrival and sent to ONE engine, streamed (its first chunk is its first token; every request asks for
+the same number of output tokens, ignore_eos, and holds its slot and its blocks until the last). A stand-in
 policy (``policies.Policy``) reads the books' waiting requests and KV-cache usage, the numbers an EPP scrapes from each
 engine's /metrics, exactly and at once (an EPP reads them every 50 ms); a real EPP (``epp:NAME``) is asked over ext_proc
 as Envoy asks it (``epp/extproc.ask_pick``). Every 100 ms the books' waiting and running requests per engine are sampled,
@@ -74,7 +75,8 @@ class Books:
     def add(self, name, record, now):
         queue = self.outstanding[name]
         queue.append(record)
-        if len(queue) <= self.max_num_seqs:
+        record["queued"] = len(queue) > self.max_num_seqs
+        if not record["queued"]:
             record["started"] = now
 
     def done(self, name, record, now):
@@ -236,33 +238,40 @@ class FleetRun:
         sampler = threading.Thread(target=self._sample, args=(samples, gauges, sampling), daemon=True)
         start = self.clock()
         sampler.start()
+        futures = []
         with concurrent.futures.ThreadPoolExecutor(self.workers) as pool:
             warm_end = workload.warmup_end(arrivals)
             offset, ramping = 0.0, False
             for arrival in arrivals:
                 if arrival.step >= 0 and not ramping:
                     ramping = True
-                    offset = self._drain(start, drain_timeout) - warm_end
+                    offset = self._drain(futures, start, drain_timeout) - warm_end
                 delay = start + offset + arrival.at - self.clock()
                 if delay > 0:
                     time.sleep(delay)
                 record = self.dispatch(name, policy, arrival, shared, start)
                 records.append(record)
-                if record.get("engine") is not None:
-                    pool.submit(self.send, record, arrival)
-            self._drain(start, drain_timeout)
+                if policy is None:
+                    futures.append(pool.submit(self.ask_and_send, record, arrival, start))
+                elif record.get("engine") is not None:
+                    futures.append(pool.submit(self.send, record, arrival))
+            self._drain(futures, start, drain_timeout)
         sampling.set()
         sampler.join(5)
         after = self.scrape(counters)
         return records, samples, gauges, {"before": before, "after": after, "ramp_start": round(offset + warm_end, 3)}
 
-    def _drain(self, start, timeout):
-        """Wait until no request is outstanding (bounded); the seconds since ``start``."""
+    def _drain(self, futures, start, timeout):
+        """Wait until every request sent so far is answered (bounded); the seconds since ``start``."""
         deadline = self.clock() + timeout
         while self.clock() < deadline:
-            with self.lock:
-                if self.books.total() == 0:
-                    break
+            for future in futures:
+                if future.done() and future.exception() is not None:
+                    exc = future.exception()
+                    raise errors.CheckError("A request's thread failed: %s: %s." % (type(exc).__name__, exc))
+            futures[:] = [f for f in futures if not f.done()]
+            if not futures:
+                break
             time.sleep(0.05)
         return self.clock() - start
 
@@ -296,31 +305,42 @@ class FleetRun:
         return tokens + tail, keys + self.keys.chain(keys[-1] if keys else self.keys.root, tail)
 
     def dispatch(self, name, policy, arrival, shared, start):
+        """The request's record; a stand-in picks here, at its arrival, under the lock (its view of the books is exact)."""
         tokens, keys = self.tokens_and_keys(arrival, shared)
         record = {"i": arrival.index, "step": arrival.step, "at": round(arrival.at, 4), "group": arrival.group, "user": arrival.user,
-                  "prompt_tokens": len(tokens), "bound": arrival.bound_tokens, "engine": None, "keys": keys}
+                  "prompt_tokens": len(tokens), "bound": arrival.bound_tokens, "engine": None, "keys": keys, "_tokens": tokens}
+        if policy is None:
+            return record   # a real EPP is asked in the request's own thread (``ask_and_send``), as a gateway asks it
         began = self.clock()
         request = policies.Request(arrival.prompt, tokens, self.model)
-        try:
-            if policy is None:
-                body = {"model": self.model, "prompt": arrival.prompt, "max_tokens": 1, "temperature": 0}
-                picked = self.picker(body)
-                with self.lock:
-                    self._book(record, picked, keys, tokens, start)
-            else:
-                with self.lock:
-                    view = self.view(keys, oracle=policy.config.get("picker") == "oracle")
-                    picked = policy.pick(request, view, self.names)
-                    policy.picked(picked, request)
-                    self._book(record, picked, keys, tokens, start)
-        except errors.CheckError as exc:
-            record["error"] = "route: %s" % exc.msg
-            record.pop("keys", None)
+        with self.lock:
+            view = self.view(keys, oracle=policy.config.get("picker") == "oracle")
+            picked = policy.pick(request, view, self.names)
+            policy.picked(picked, request)
+            self._book(record, picked, start)
         record["pick_ms"] = round(1000 * (self.clock() - began), 2)
         return record
 
-    def _book(self, record, picked, keys, tokens, start):
+    def ask_and_send(self, record, arrival, start):
+        """A real EPP's pick over ext_proc, then the request to the engine it picked."""
+        began = self.clock()
+        body = {"model": self.model, "prompt": arrival.prompt, "max_tokens": self.latency.output_tokens, "temperature": 0}
+        try:
+            picked = self.picker(body)
+        except errors.CheckError as exc:
+            record["error"] = "route: %s" % exc.msg
+            for key in ("keys", "_tokens"):
+                record.pop(key, None)
+            record["pick_ms"] = round(1000 * (self.clock() - began), 2)
+            return
+        record["pick_ms"] = round(1000 * (self.clock() - began), 2)
+        with self.lock:
+            self._book(record, picked, start)
+        self.send(record, arrival)
+
+    def _book(self, record, picked, start):
         """Under the lock: the truth at the pick, then the request in the picked engine's books."""
+        keys, tokens = record["keys"], record.pop("_tokens")
         held = dict((n, self.truth.anywhere(n, keys)) for n in self.names)
         record.update(engine=picked, truth_picked=held[picked], truth_best=max(held.values()),
                       work=self.latency.work(len(tokens) - held[picked] * self.block_size))
@@ -340,23 +360,30 @@ class FleetRun:
         return view
 
     def send(self, record, arrival):
+        """The request, streamed (its first chunk is its first token); its time to first token, cached tokens, status."""
         engine = self.by_name[record["engine"]]
-        body = {"model": self.model, "prompt": arrival.prompt, "max_tokens": 1, "temperature": 0}
+        lat = self.latency
+        body = {"model": self.model, "prompt": arrival.prompt, "max_tokens": lat.output_tokens, "ignore_eos": True,
+                "temperature": 0, "stream": True, "stream_options": {"include_usage": True}}
         began = self.clock()
+        first = None
         try:
-            status, data = self.client.request(engine, "POST", "/v1/completions", body)
+            status, first, usage, message = self.client.stream(engine, body, self.clock)
             record["status"] = status
-            answer = json.loads(data or b"{}")
             if status == 200:
-                usage = answer.get("usage") or {}
-                record["cached"] = int((usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0)
+                record["cached"] = int(((usage or {}).get("prompt_tokens_details") or {}).get("cached_tokens") or 0)
+                if usage is None or first is None:
+                    record["status"] = None
+                    record["error"] = "a streamed answer without %s" % ("usage" if usage is None else "a token")
+                    record.pop("cached", None)
             else:
-                record["error"] = "HTTP %s: %s" % (status, ((answer.get("error") or {}).get("message") or "")[:120])
+                record["error"] = "HTTP %s: %s" % (status, (message or "")[:120])
         except (OSError, ValueError, http.client.HTTPException) as exc:
             record["status"] = None
             record["error"] = "%s: %s" % (type(exc).__name__, exc)
         now = self.clock()
-        record["ttft"] = round(now - began, 4)
+        record["ttft"] = round((first if first is not None else now) - began, 4)
+        record["latency"] = round(now - began, 4)
         with self.lock:
             self.books.done(record["engine"], record, now)
         start = record.pop("_start")

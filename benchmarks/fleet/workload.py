@@ -49,7 +49,7 @@ _LETTERS = string.ascii_lowercase
 DEFAULTS = {
     "engines": 8, "block_size": 16, "capacity_blocks": 1536,
     "prefix_tokens": 480, "question_tokens": 96, "users": 5, "suffix_tokens": 80, "demand": BLOG["demand"], "groups": None,
-    "warmup_requests": 300, "warmup_rate": 12.0, "ramp": (4.0, 8.0, 12.0, 16.0, 20.0, 24.0, 28.0, 32.0), "step_seconds": 8.0,
+    "warmup_requests": 200, "warmup_rate": 16.0, "ramp": (4.0, 8.0, 16.0, 24.0, 32.0, 40.0, 48.0), "step_seconds": 5.0,
 }
 
 
