@@ -125,30 +125,11 @@ study-routing: setup gie-epp  ## The routing study: every workload of bench-rout
 BENCH_KWOK := $(BIN)/ansible-playbook benchmarks/kwok_cluster.yml
 BENCH_KWOK_DIR := $(HOME)/.cache/inference_cache/kwok_cluster/clusters/substrate-bench
 
-# The routing study at scale (benchmarks/bench_fleet.py) over FLEET (16) simulated engines of roles/simulated_engine
-# (llm-d-inference-sim v0.10.2, built on first use; 127.0.1.1-16 on port 9100, confined to loopback), each with 640 KV
-# blocks of 16 tokens, 4 requests at a time, 2 ms per uncached prompt token, every KV event published at once, the
-# development endpoints on (the study resets the caches between configurations): the blog-shaped workload at 75% of the
-# fleet's blocks (two seeds) and its 30% control, every stand-in policy, llm-d-kv-cache's own index
-# (tools/kvcache_probe) and the GIE EPP over a kwok cluster's InferencePool. Stopped at the end, also on failure.
-FLEET ?= 16
-FLEET_DIR := $(CURDIR)/out/bench-fleet
-FLEET_ENGINES := $(BIN)/ansible-playbook playbooks/simulated_engines.yml -e simulated_engine_count=$(FLEET) \
-  -e simulated_engine_block_size=16 -e simulated_engine_kv_cache_size=640 -e simulated_engine_max_model_len=2048 \
-  -e simulated_engine_max_num_seqs=4 -e simulated_engine_prefill_time_per_token=2ms -e simulated_engine_event_batch_size=1 \
-  -e simulated_engine_dev_mode=true
-FLEET_EPP_RENDER := -e bench_epp_dir=$(FLEET_DIR)/epp -e bench_epp_token_url=http://127.0.1.1:9100 \
-  -e '{"bench_epp_engine": {"served_model_name": "tiny", "block_size": 16, "hash_seed": "0", "topic": "kv@127.0.1.1:9100@tiny", "kv_events_port": 5810}}'
-
-study-fleet: setup gie-epp kvcache-probe  ## The routing study at scale: FLEET (16) simulated engines under cache pressure, every policy against a referee that knows each engine's true cache, the GIE EPP beside them; into out/bench-fleet/study (table, plots; ARGS: more options)
-	@mkdir -p $(FLEET_DIR); rc=0; stop() { $(FLEET_ENGINES) -e simulated_engine_state=absent || { [ $$rc != 0 ] || rc=1; }; \
-	  [ ! -d $(BENCH_KWOK_DIR) ] || $(BENCH_KWOK) -e kwok_cluster_state=absent || { [ $$rc != 0 ] || rc=1; }; }; \
-	trap 'stop; exit $$rc' EXIT; trap 'rc=130; exit' INT TERM; \
-	$(BIN)/ansible-playbook benchmarks/epp_configs.yml $(FLEET_EPP_RENDER) || { rc=$$?; exit; }; \
-	$(FLEET_ENGINES) -e simulated_engine_report_path=$(FLEET_DIR)/engines.json || { rc=$$?; exit; }; \
-	$(BIN)/python benchmarks/bench_fleet.py --require --engines-file $(FLEET_DIR)/engines.json --workload blog:2,blog-light:1 \
-	  --epp gie --gie-config gie=$(FLEET_DIR)/epp/gie/router/epp-config.yaml --gie-pool $(FLEET_DIR)/epp/gie/router/manifests.yaml \
-	  --report $(FLEET_DIR)/study $(ARGS) || rc=$$?
+# The fleet study (docs/routing-study/fleet.md): one playbook sets up the kwok cluster, the GIE router's InferencePool and 8
+# simulated engines through the collection's roles, runs every policy with two seeds (benchmarks/fleet/), writes the report
+# into docs/routing-study/fleet and stops everything (about 20 minutes on 2 cores; ARGS: more -e options).
+study-fleet: setup  ## The fleet study: when precise routing pays over approximate (kwok cluster, GIE EPP, 8 simulated engines, 2 seeds) into docs/routing-study/fleet
+	$(BIN)/ansible-playbook -i inventories/kwok benchmarks/fleet/study.yml -e fleet_study_report=$(CURDIR)/docs/routing-study/fleet $(ARGS)
 
 bench-kv-scale: setup  ## The KV checks at scale: SCALE (32) simulated engines (bursts, evictions, restarts, injected failures), then the largest fleet one checker keeps up with on one core (ARGS: more options)
 	$(BIN)/ansible-playbook benchmarks/bench_kv_scale.yml -e '{"bench_scale": $(or $(SCALE),32), "bench_args": "$(ARGS)"}'

@@ -4,27 +4,19 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
 
-"""The routing study at scale: a fleet of simulated engines under cache pressure, open-loop load, every policy held
-against a referee that knows every engine's true cache.
+"""The fleet study's entry point (the harness is ``benchmarks/fleet/``; ``benchmarks/fleet/study.yml`` runs the whole study).
 
-The fleet is llm-d's vLLM simulator (llm-d-inference-sim v0.10.2, roles/simulated_engine: ``make study-fleet`` starts 16
-of them through playbooks/simulated_engines.yml and passes the engines file it writes). Each configuration (workload,
-policy, seed) starts from empty caches (the simulators' /sleep and /wake_up) and sends its workload's Poisson arrivals
-at their times, each routed on arrival and sent to ONE engine (``benchmarks/_routing/fleet.py``: the policies, the truth
-and the stand-in index; ``fleet_workloads.py``: the blog-shaped workloads). A real EPP runs beside the stand-ins where
-one is given: the Gateway API Inference Extension's EPP v1.4.0 (``--epp gie --gie-config NAME=PATH``), discovering the
-engines through an InferencePool of a kwok cluster as ``bench_routing.py``'s GIE lane does (``_routing/lanes.py``).
-``precise-kvcache`` asks llm-d-kv-cache v0.9.0's own index (tools/kvcache_probe, ``make kvcache-probe``), fed with every
-engine's events through a relay on ``--relay-port``.
+  run     configurations over a running fleet: each policy of --policies with each seed of --seeds (the stand-ins of
+          benchmarks/fleet/policies.py, or epp:NAME, the real EPP at --epp NAME=HOST:PORT, asked over ext_proc), one row
+          each appended to --runs;
+  report  the study folder from the rows of --runs: runs.jsonl, summary.json, report.md and the plots;
+  gie-config  the GIE EPP's EndpointPickerConfig of the blog's approximate setup, scaled to the fleet of --engines-file.
 
-Printed: a table per workload (hit rate and its share of the referee's, TTFT p50/p90, throughput, failures, mean and
-min-max over the seeds) and TTFT p90 at each step of the ramp; written with ``--report DIR`` (or more than one run):
-runs.jsonl, summary.json, report.md and two plots (TTFT p90 against load, hit rate against the referee's limit).
-Without an engines file it prints that it skipped and exits 0 (``make bench``); ``--require`` makes that a failure.
-
-  .venv/bin/python benchmarks/bench_fleet.py --engines-file out/bench-fleet/engines.json [--workload blog,blog-light]
-      [--policies referee,precise,...] [--repeats 2] [--seed 0] [--ramp 4,8,12] [--step-seconds 20] [--report DIR]
-      [--epp gie --gie-config gie=PATH --gie-pool PATH] [--probe PATH] [--records PATH] [--json] [--require]
+  .venv/bin/python benchmarks/bench_fleet.py run --engines-file ENGINES.json --runs RUNS.jsonl [--policies random,precise,...]
+      [--seeds 0,1] [--epp NAME=HOST:PORT --router-label NAME=LABEL] [--latency 10ms,1ms,4,4] [--ramp 4,8,...]
+      [--step-seconds 8] [--warmup-requests 300] [--warmup-rate 12] [--target-ms 1000] [--records PATH]
+  .venv/bin/python benchmarks/bench_fleet.py report --runs RUNS.jsonl --out FOLDER [--note TEXT ...]
+  .venv/bin/python benchmarks/bench_fleet.py gie-config --engines-file ENGINES.json
 """
 
 from __future__ import absolute_import, division, print_function
@@ -32,215 +24,221 @@ from __future__ import absolute_import, division, print_function
 import argparse
 import json
 import os
-import random
 import signal
 import sys
 import time
 
-from _routing import ROOT, fleet, fleet_report, fleet_workloads, module_utils
-from _routing.lanes import epp_lanes, epp_policies, parse_epp, parse_gie_config
+from fleet import engines as engines_mod
+from fleet import module_utils, policies, report, workload
+from fleet.run import FleetRun
 
 errors = module_utils("common.errors")
 
-DEFAULT_PROBE = os.path.join(ROOT, ".cache", "bin", "kvcache_probe")
+
+def _duration(text):
+    """Seconds of a Go duration of one unit (10ms, 1ms, 500us, 2s)."""
+    text = text.strip()
+    for unit, scale in (("us", 1e-6), ("\u00b5s", 1e-6), ("ms", 1e-3), ("s", 1.0)):
+        if text.endswith(unit):
+            return float(text[:-len(unit)]) * scale
+    return float(text)
+
+
+def _latency(text):
+    try:
+        parts = [p.strip() for p in text.split(",")]
+        overhead, per_token, seqs, factor = parts[:4]
+        itl, output = (parts[4], parts[5]) if len(parts) == 6 else ("0s", "1")
+        if len(parts) not in (4, 6):
+            raise ValueError(text)
+        return policies.Latency(_duration(overhead), _duration(per_token), int(seqs), float(factor), _duration(itl), int(output))
+    except ValueError:
+        raise argparse.ArgumentTypeError("--latency wants OVERHEAD,PER_TOKEN,MAX_NUM_SEQS,TIME_FACTOR[,INTER_TOKEN,OUTPUT_TOKENS] "
+                                         "(10ms,1ms,4,2,40ms,8), got %r" % text)
+
+
+def _floats(text):
+    try:
+        return tuple(float(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError("wants numbers separated by commas, got %r" % text)
+
+
+def _named(option):
+    def parse(text):
+        name, sep, value = text.partition("=")
+        if not sep or not name or not value:
+            raise argparse.ArgumentTypeError("%s wants NAME=VALUE, got %r" % (option, text))
+        return name, value
+    return parse
 
 
 def parser_of():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--engines-file", help="what playbooks/simulated_engines.yml wrote (simulated_engine_report_path)")
-    parser.add_argument("--workload", default="blog,blog-light", help="comma-separated names of %s (NAME:REPEATS: that many "
-                        "seeds for it), or all" % ", ".join(fleet_workloads.WORKLOADS))
-    parser.add_argument("--policies", help="comma-separated, of %s and epp:NAME for each --gie-config (default: all)" % ", ".join(
-        fleet.POLICIES))
-    parser.add_argument("--repeats", type=int, default=1, help="seeds per workload (unless it names its own), from --seed on")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--ramp", help="the load ramp, requests/s per step, comma-separated (default: the workload's)")
-    parser.add_argument("--step-seconds", type=float, help="seconds per step of the ramp (default: the workload's)")
-    parser.add_argument("--demand", type=float, help="the KV demand as a share of the fleet's blocks (default: the workload's)")
-    parser.add_argument("--probe", default=DEFAULT_PROBE, help="tools/kvcache_probe's binary for precise-kvcache (make "
-                        "kvcache-probe); left out when missing")
-    parser.add_argument("--relay-port", type=int, default=6499, help="the port of the relay of every engine's events to the probe")
-    parser.add_argument("--epp", metavar="gie|gie=BINARY", action="append", type=parse_epp, default=[],
-                        help="a real EPP beside the stand-ins: the GIE EPP v1.4.0 (make gie-epp)")
-    parser.add_argument("--gie-config", metavar="NAME=PATH", action="append", type=parse_gie_config, default=[],
-                        help="an EndpointPickerConfig of the GIE EPP for policy epp:NAME (benchmarks/epp_configs.yml renders them)")
-    parser.add_argument("--gie-pool", metavar="PATH", help="the router role's rendered manifests holding its InferencePool")
-    parser.add_argument("--epp-listen-all", action="store_true", help="run the EPP unconfined (every interface)")
-    parser.add_argument("--report", metavar="DIR", help="write the study folder there (default with more than one run: "
-                        "out/bench-fleet/study)")
-    parser.add_argument("--add-runs", metavar="PATH", help="a runs.jsonl of an earlier study whose rows join this one's report, "
-                        "but for the (workload, policy) pairs this run measures again")
-    parser.add_argument("--records", metavar="PATH", help="every request as JSON lines")
-    parser.add_argument("--json", action="store_true", help="one JSON object per configuration instead of tables")
-    parser.add_argument("--require", action="store_true", help="fail (instead of skipping) without a fleet")
+    sub = parser.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="configurations over a running fleet, rows appended to --runs")
+    run.add_argument("--engines-file", required=True, help="what roles/simulated_engine published (local_engine_instances as JSON)")
+    run.add_argument("--runs", required=True, help="the JSON-lines file the rows are appended to")
+    run.add_argument("--policies", default=",".join(policies.POLICIES), help="comma-separated, of %s and epp:NAME for each --epp" %
+                     ", ".join(policies.POLICIES))
+    run.add_argument("--seeds", default="0", help="comma-separated seeds (each one schedule, the same for every policy)")
+    run.add_argument("--epp", action="append", type=_named("--epp"), default=[], metavar="NAME=HOST:PORT",
+                     help="a real EPP's ext_proc address for policy epp:NAME (plain gRPC)")
+    run.add_argument("--router-label", action="append", type=_named("--router-label"), default=[], metavar="NAME=LABEL",
+                     help="how the report names epp:NAME's router")
+    run.add_argument("--latency", type=_latency, default="10ms,1ms,4,4",
+                     help="the engines' latency settings: prefill overhead, prefill time per token, max_num_seqs, time factor under load, "
+                     "and optionally the inter-token latency and the output tokens of every request")
+    run.add_argument("--ramp", type=_floats, help="offered rates of the ramp's steps (requests/s)")
+    run.add_argument("--step-seconds", type=float)
+    run.add_argument("--warmup-requests", type=int)
+    run.add_argument("--warmup-rate", type=float)
+    run.add_argument("--groups", type=int, help="prefix groups (default: fitted to the demand)")
+    run.add_argument("--target-ms", type=float, default=1000.0, help="the TTFT target of goodput and the sustained rate")
+    run.add_argument("--records", help="every request as JSON lines (appended)")
+    rep = sub.add_parser("report", help="the study folder from the rows of --runs")
+    rep.add_argument("--runs", required=True)
+    rep.add_argument("--out", required=True)
+    rep.add_argument("--note", action="append", default=[])
+    gie = sub.add_parser("gie-config", help="the GIE EPP's config of the blog's approximate setup, scaled to the fleet")
+    gie.add_argument("--engines-file", required=True)
     return parser
 
 
-def chosen(parser, args):
-    asked = list(fleet_workloads.WORKLOADS) if args.workload == "all" else [w.strip() for w in args.workload.split(",") if w.strip()]
-    names = []
-    for item in asked:
-        name, _colon, repeats = item.partition(":")
-        if repeats and not repeats.isdigit():
-            parser.error("--workload wants NAME or NAME:REPEATS, got %r" % item)
-        names.append((name, int(repeats) if repeats else args.repeats))
-    if not names or [n for n, _r in names if n not in fleet_workloads.WORKLOADS]:
-        parser.error("unknown workload in %r: the workloads are %s, or all" % (args.workload, ", ".join(fleet_workloads.WORKLOADS)))
-    try:
-        epp_names = list(epp_policies({"gie": args.gie_config}))
-    except argparse.ArgumentTypeError as exc:
-        parser.error(str(exc))
-    known = list(fleet.POLICIES) + epp_names
-    policies = [p.strip() for p in args.policies.split(",") if p.strip()] if args.policies else known
-    unknown = [p for p in policies if p not in known]
+def gie_blog_config(spec):
+    """The blog's approximate setup as a GIE v1.4.0 EndpointPickerConfig: queue, kv-cache-utilization and prefix-cache
+    scorers at weight 1 each, max-score picker; the prefix scorer without autoTune, its blocks the engine's block size (64
+    characters at 16 tokens, the blog's hashBlockSize), its LRU and match limit scaled as ``policies.blog_approx`` says."""
+    approx = policies.blog_approx(spec)
+    return "\n".join([
+        "# The approximate setup of llm-d's blog \"KV-Cache Wins You Can See\" (llm-d-kv-cache-manager",
+        "# benchmarking/73-capacity/README.md, estimated-scheduling), scaled to this fleet by benchmarks/fleet/policies.py",
+        "# blog_approx: LRU %.3f times each engine's KV blocks, matching %.3f of the shared prompt." % (approx["lru_ratio"], approx["match_ratio"]),
+        "apiVersion: inference.networking.x-k8s.io/v1alpha1",
+        "kind: EndpointPickerConfig",
+        "plugins:",
+        "  - type: queue-scorer",
+        "  - type: kv-cache-utilization-scorer",
+        "  - type: prefix-cache-scorer",
+        "    parameters:",
+        "      autoTune: false",
+        "      blockSizeTokens: %d" % int(spec["block_size"]),
+        "      maxPrefixBlocksToMatch: %d" % approx["max_blocks"],
+        "      lruCapacityPerServer: %d" % approx["lru_capacity"],
+        "  - type: max-score-picker",
+        "  - type: single-profile-handler",
+        "schedulingProfiles:",
+        "  - name: default",
+        "    plugins:",
+        "      - pluginRef: queue-scorer",
+        "        weight: 1.0",
+        "      - pluginRef: kv-cache-utilization-scorer",
+        "        weight: 1.0",
+        "      - pluginRef: prefix-cache-scorer",
+        "        weight: 1.0",
+        "      - pluginRef: max-score-picker",
+        ""])
+
+
+def spec_for(engines, args=None):
+    first = engines[0]
+    get = (lambda name: getattr(args, name, None)) if args is not None else (lambda name: None)
+    return workload.spec_of(engines=len(engines), capacity_blocks=first.capacity, block_size=first.block_size, ramp=get("ramp"),
+                            step_seconds=get("step_seconds"), warmup_requests=get("warmup_requests"),
+                            warmup_rate=get("warmup_rate"), groups=get("groups"))
+
+
+def picker_of(address, engines):
+    """``pick(body) -> engine name``: the EPP at ``address`` asked over ext_proc (plain gRPC), its pick mapped to an engine."""
+    extproc = module_utils("epp.extproc")
+    by_target = dict(("%s:%d" % (e.address, e.port), e.name) for e in engines)
+
+    def pick(body):
+        picked = extproc.ask_pick(address, json.dumps(body).encode("utf-8"), timeout=30.0)["picked"]
+        if picked not in by_target:
+            raise errors.CheckError("The EPP picked %s, which is none of the engines (%s)." % (picked, ", ".join(sorted(by_target))))
+        return by_target[picked]
+    return pick
+
+
+def run_command(parser, args):
+    names = [p.strip() for p in args.policies.split(",") if p.strip()]
+    epps = dict(args.epp)
+    labels = dict(args.router_label)
+    unknown = [p for p in names if p not in policies.POLICIES and not (p.startswith("epp:") and p[4:] in epps)]
     if unknown:
-        parser.error("unknown policies %s: the policies are %s" % (", ".join(unknown), ", ".join(known)))
-    if args.repeats < 1:
-        parser.error("at least one repeat")
-    overrides = {"step_seconds": args.step_seconds, "demand": args.demand}
-    if args.ramp:
-        try:
-            overrides["ramp"] = tuple(float(x) for x in args.ramp.split(",") if x.strip())
-        except ValueError:
-            parser.error("--ramp wants requests/s per step, comma-separated, got %r" % args.ramp)
-    return names, policies, overrides
-
-
-def open_epps(args, engines, policies):
-    """The GIE lane where an epp:NAME policy is asked for: ``(lanes or None, policies that can run, sentences)``."""
-    if not any(p.startswith("epp:") for p in policies):
-        return None, policies, []
-    lane_args = argparse.Namespace(epp=args.epp or [("gie", None)], epp_config=[], gie_config=args.gie_config, kv_port=0,
-                                   epp_listen_all=args.epp_listen_all, gie_pool=args.gie_pool)
-    lanes, left_out, failed = epp_lanes(lane_args, [e.spec for e in engines], policies)
-    if failed:
-        raise errors.CheckError(failed)
-    keep = [p for p in policies if not p.startswith("epp:") or (lanes is not None and p[4:] in lanes.by_name)]
-    return lanes, keep, left_out
-
-
-def run_all(study, names, policies, overrides, first_seed):
-    """Every (seed, workload, policy); a workload runs with as many seeds as it asks for (NAME:REPEATS)."""
-    rows = []
-    tags = random.Random(7)
-    total = sum(repeats for _name, repeats in names) * len(policies)
-    for seed in range(first_seed, first_seed + max(repeats for _name, repeats in names)):
-        for name, repeats in names:
-            if seed >= first_seed + repeats:
-                continue
-            spec = fleet_workloads.spec_of(name, **overrides)
-            for policy in policies:
-                tag = "r%05d" % tags.randrange(10000, 100000)
+        parser.error("unknown policies %s: the policies are %s, and epp:NAME for each --epp NAME=HOST:PORT" % (
+            ", ".join(unknown), ", ".join(policies.POLICIES)))
+    try:
+        seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
+    except ValueError:
+        parser.error("--seeds wants whole numbers separated by commas, got %r" % args.seeds)
+    try:
+        engines = engines_mod.load_engines(args.engines_file)
+    except (errors.CheckError, OSError, ValueError, KeyError) as exc:
+        print("bench_fleet: %s" % (getattr(exc, "msg", None) or exc))
+        return 1
+    spec = spec_for(engines, args)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    fleet = FleetRun(engines, args.latency)
+    rc = 0
+    try:
+        fleet.open()
+        for seed in seeds:
+            for name in names:
                 began = time.time()
-                row = study.run(policy, spec, seed, tag)
-                rows.append(row)
-                sys.stderr.write("bench_fleet: %d/%d %s %s seed %d: hit rate %s, TTFT p90 %s ms, %d failed, %.0f s\n" % (
-                    len(rows), total, name, policy, seed,
-                    "-" if row["hit_rate"] is None else "%.1f%%" % (100 * row["hit_rate"]), row["ttft_ms_p90"], row["failed"],
-                    time.time() - began))
-                sys.stderr.flush()
-    return rows
+                fleet.picker = picker_of(epps[name[4:]], engines) if name.startswith("epp:") else None
+                records, samples, gauges, meta = fleet.run(name, spec, seed)
+                router = labels.get(name[4:], "real EPP") if name.startswith("epp:") else policies.CONFIGS[name]["router"] + " (stand-in)"
+                row = report.row(name, router, seed, spec, fleet.names, records, samples, gauges, meta, args.target_ms / 1000.0)
+                row["latency"] = {"overhead_s": args.latency.overhead_s, "per_token_s": args.latency.per_token_s,
+                                  "max_num_seqs": args.latency.max_num_seqs, "time_factor": args.latency.time_factor,
+                                  "itl_s": args.latency.itl_s, "output_tokens": args.latency.output_tokens}
+                row["approx"] = policies.blog_approx(spec)
+                with open(args.runs, "a", encoding="utf-8") as out:
+                    out.write(json.dumps(row, sort_keys=True) + "\n")
+                if args.records:
+                    with open(args.records, "a", encoding="utf-8") as out:
+                        for rec in records:
+                            out.write(json.dumps(dict(rec, policy=name, seed=seed), sort_keys=True) + "\n")
+                print("bench_fleet: %s seed %d: sustained %.0f req/s, hit rate %s, TTFT p90 by step %s ms, idle engines %d, "
+                      "%d failed, %.0f s" % (name, seed, row["sustained_rps"], row["ramp_total"]["hit_rate"],
+                                             [s["ttft_ms"]["p90"] for s in row["steps"]], row["idle_engines"],
+                                             row["ramp_total"]["failed"], time.time() - began))
+                sys.stdout.flush()
+    except errors.CheckError as exc:
+        print("bench_fleet: %s" % exc.msg)
+        rc = 1
+    finally:
+        fleet.close()
+    return rc
 
 
-def notes_of(study, engines, probe, lanes, left_out, started):
-    capacity = engines[0].capacity
-    notes = ["%d simulated engines (llm-d-inference-sim, confined to loopback), %d blocks of %d tokens each (%d in all), model %s; "
-             "max_tokens 1 (the latency of a request is its time to first token); %s" % (
-                 len(engines), capacity, study.block_size, study.fleet_blocks(), study.model,
-                 time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(started)))]
-    notes.append("Policies: referee (the true cache of every engine, from its own block hashes; the longest hit, ties to the "
-                 "fewest in flight: the limit); precise (the stand-in's KV-event index) and approximate (its model of the "
-                 "approx-prefix-cache-producer), scored as the GIE EPP scores: prefix %.0f x share of blocks held + queue %.0f x "
-                 "GIE's queue normalisation of the requests in flight; precise-kvcache: the same, the prefix from llm-d-kv-cache "
-                 "v0.9.0's own index (%s); load-only (fewest in flight); random." % (
-                     fleet.WEIGHTS["prefix"], fleet.WEIGHTS["queue"], "tools/kvcache_probe" if probe else "not run: no probe binary"))
-    if lanes is not None:
-        notes.append("Real EPPs: %s." % ". ".join(one.describe() for one in lanes.lanes))
-    notes += ["%s%s" % (why[:1].upper(), why[1:]) for why in left_out]
-    return notes
-
-
-def print_rows(rows, notes):
-    summary = fleet_report.summarize(rows)
-    print(fleet_report.markdown(summary, "Routing over a simulated fleet", notes))
+def report_command(args):
+    rows = report.read_rows(args.runs)
+    if not rows:
+        print("bench_fleet: %s holds no rows" % args.runs)
+        return 1
+    paths = report.write(args.out, rows, notes=args.note)
+    print(report.markdown(report.summarize(rows), rows, notes=args.note))
+    print("Report: %s" % ", ".join(sorted(os.path.relpath(p) for p in paths.values())))
+    return 0
 
 
 def main():
     parser = parser_of()
     args = parser.parse_args()
-    names, policies, overrides = chosen(parser, args)
-    if not args.engines_file or not os.path.exists(args.engines_file):
-        print("bench_fleet: %s: no fleet (--engines-file); `make study-fleet` starts one" % ("failed" if args.require else "skipped"))
-        return 1 if args.require else 0
-    try:
-        engines = fleet.load_engines(args.engines_file)
-    except (errors.CheckError, OSError, ValueError, KeyError) as exc:
-        print("bench_fleet: failed: %s" % (getattr(exc, "msg", None) or exc))
-        return 1
-    probe = args.probe if "precise-kvcache" in policies and os.access(args.probe or "", os.X_OK) else None
-    if "precise-kvcache" in policies and probe is None:
-        print("bench_fleet: precise-kvcache is left out: no tools/kvcache_probe binary at %s (make kvcache-probe)" % args.probe)
-        policies.remove("precise-kvcache")
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    lanes = study = None
-    rows, rc, left_out, load = [], 0, [], ()
-    started = time.time()
-    try:
-        lanes, policies, left_out = open_epps(args, engines, policies)
-        for why in left_out:
-            print("bench_fleet: %s" % why)
-        study = fleet.FleetStudy(engines, lanes=lanes, probe_binary=probe,
-                                 relay_endpoint="tcp://127.0.0.1:%d" % args.relay_port if probe else None).open()
-        if lanes is not None:
-            lanes.open()
-        load = os.getloadavg()
-        rows = run_all(study, names, policies, overrides, args.seed)
-        load += os.getloadavg()
-    except (errors.CheckError, OSError) as exc:
-        print("bench_fleet: %s" % (getattr(exc, "msg", None) or exc))
-        rc = 1
-    finally:
-        if study is not None:
-            study.close()
-        if lanes is not None:
-            try:
-                lanes.close()
-            except errors.CheckError as exc:
-                print("bench_fleet: %s" % exc.msg)
-                rc = 1
-    if rc:
-        return rc
-    if args.records:
-        with open(args.records, "w", encoding="utf-8") as out:
-            for row in rows:
-                for rec in row["records"]:
-                    out.write(json.dumps(dict(rec, policy=row["policy"], workload=row["workload"], seed=row["seed"]), sort_keys=True) + "\n")
-    for row in rows:
-        del row["records"]
-    if args.json:
-        for row in rows:
-            print(json.dumps(row, sort_keys=True))
+    if args.command == "run":
+        return run_command(parser, args)
+    if args.command == "gie-config":
+        try:
+            engines = engines_mod.load_engines(args.engines_file)
+        except (errors.CheckError, OSError, ValueError, KeyError) as exc:
+            print("bench_fleet: %s" % (getattr(exc, "msg", None) or exc))
+            return 1
+        sys.stdout.write(gie_blog_config(spec_for(engines)))
         return 0
-    if args.add_runs:
-        measured = set((r["workload"], r["policy"]) for r in rows)
-        with open(args.add_runs, encoding="utf-8") as handle:
-            earlier = [json.loads(line) for line in handle if line.strip()]
-        rows = [r for r in earlier if (r["workload"], r["policy"]) not in measured] + rows
-        order = dict((p, i) for i, p in enumerate(fleet.POLICIES))
-        rows.sort(key=lambda r: (r["seed"], [n for n, _r in names].index(r["workload"]) if r["workload"] in [n for n, _r in names] else 99,
-                                 order.get(r["policy"], len(order))))
-    notes = notes_of(study, engines, probe, lanes, left_out, started)
-    if args.add_runs:
-        notes.append("These notes describe this run (%s); the other rows come from the earlier runs in %s." % (
-            ", ".join(sorted(set(r["policy"] for r in rows if (r["workload"], r["policy"]) in measured))), args.add_runs))
-    notes.append("Machine load (1/5/15-minute averages, 2 cores shared with other work): %s at the start, %s at the end." % (
-        "/".join("%.1f" % v for v in load[:3]), "/".join("%.1f" % v for v in load[3:])))
-    print_rows(rows, notes)
-    folder = args.report or (os.path.join(ROOT, "out", "bench-fleet", "study") if len(rows) > len(policies) else None)
-    if folder:
-        written = fleet_report.write(folder, rows, "Routing over a simulated fleet", notes)
-        print("Report: %s" % ", ".join(sorted(written.values())))
-    return 0
+    return report_command(args)
 
 
 if __name__ == "__main__":

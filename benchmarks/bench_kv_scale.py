@@ -53,8 +53,9 @@ import threading
 import time
 
 import _lab
-from _routing import fleet, simkeys
-from _routing.fleet_workloads import words
+from _routing import simkeys
+from fleet import engines as fleet
+from fleet.workload import words
 from ansible_collections.inference_cache.substrate.plugins.module_utils.common import errors
 from ansible_collections.inference_cache.substrate.plugins.module_utils.kv import consumer as consumer_mod
 from ansible_collections.inference_cache.substrate.plugins.module_utils.kv import events as events_mod

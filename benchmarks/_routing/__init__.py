@@ -3,7 +3,7 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
 
-"""The routing benchmark's parts (benchmarks/bench_routing.py and benchmarks/bench_fleet.py are their entry points).
+"""The routing benchmark's parts (benchmarks/bench_routing.py is their entry point; the fleet study is benchmarks/fleet/).
 
 * ``workloads``: the named workloads of the closed-loop bench (tenants, follow-ups, bursts, resets...), built per seed
   behind a per-configuration tag;
@@ -14,7 +14,7 @@
 * ``lanes``: the real EPPs (the llm-d EPP with file discovery and KV relays; the GIE EPP over the InferencePool of the kwok
   cluster the benchmark's playbook started), which EPPs run and with which configurations;
 * ``report``: the printed tables and the study folder (``benchmarks/_study_report.py``, plots by ``plots``);
-* ``fleet``, ``fleet_workloads``, ``simkeys``: the study at scale over simulated engines (bench_fleet.py).
+* ``simkeys``: a simulated engine's tokens and block keys (the fleet study and bench_kv_scale.py).
 
 The collection's Python is imported by its full name, made importable by its one loader (``benchmarks/_lab.py`` runs it);
 ``module_utils(name)`` is that loader's, for the parts that load a module by its dotted name.

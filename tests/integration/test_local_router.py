@@ -63,3 +63,35 @@ def test_absent_with_nothing_running_changes_nothing_and_needs_no_cluster(tmp_pa
     assert code == 0 and counts["changed"] == 1 and not folder.exists(), output[-3000:]   # the folder (a token in it) is gone
     code, output, counts = run_role(tmp_path, local_router_state="absent", local_router_dir=str(folder))
     assert code == 0 and counts["changed"] == 0, output[-3000:]
+
+
+FLAGS_PLAYBOOK = """
+- hosts: localhost
+  gather_facts: false
+  tasks:
+    - ansible.builtin.include_vars:
+        file: %s
+    - ansible.builtin.debug:
+        msg: "FLAGS {{ {'tls': _local_router_flags['--secure-serving'] | default('true') | string | lower == 'true',
+                        'config': _local_router_flags['--config-file'] | basename} | to_json }}"
+"""
+
+
+def test_the_epps_flags_are_read_in_both_shapes(tmp_path):
+    """The chart passes --name value, the router role --name=value (a boolean flag must be one argument): both are read, so
+    a Deployment with --secure-serving=false makes the local EPP serve plain gRPC."""
+    playbook = tmp_path / "flags.yml"
+    playbook.write_text(FLAGS_PLAYBOOK % os.path.join(ROOT, "roles", "local_router", "vars", "main.yml"))
+    env = dict(os.environ, ANSIBLE_CONFIG=os.path.join(ROOT, "ansible.cfg"), ANSIBLE_FORCE_COLOR="0", ANSIBLE_NOCOLOR="1")
+    seen = []
+    for args in (["--pool-name", "r", "--config-file", "/config/a.yaml", "--secure-serving=false", "--tracing=false"],
+                 ["--config-file", "/config/b.yaml", "--secure-serving", "false"],
+                 ["--config-file=/config/c.yaml"]):
+        variables = {"_local_router_epp_args": args, "ansible_python_interpreter": sys.executable}
+        proc = subprocess.run([os.path.join(os.path.dirname(sys.executable), "ansible-playbook"), "-i", "localhost,", "-c", "local",
+                               str(playbook), "-e", json.dumps(variables)], cwd=ROOT, env=env, capture_output=True, text=True,
+                              timeout=300, check=False)
+        found = re.search(r'FLAGS (\{[^}]*\})', proc.stdout)
+        assert proc.returncode == 0 and found, proc.stdout[-2000:]
+        seen.append(json.loads(found.group(1)))
+    assert seen == [{"tls": False, "config": "a.yaml"}, {"tls": False, "config": "b.yaml"}, {"tls": True, "config": "c.yaml"}]
