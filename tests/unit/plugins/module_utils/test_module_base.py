@@ -9,6 +9,8 @@ from __future__ import absolute_import, division, print_function
 
 __metaclass__ = type  # pylint: disable=invalid-name
 
+import sys
+
 import pytest
 from ansible.module_utils import basic
 
@@ -63,6 +65,23 @@ def test_a_check_error_fails_with_its_sentence_and_facts():
     exited, result = utils.run_module(Module(run), {"name": "a"})
     assert not exited
     assert result == {"msg": "The engine said no.", "status": 503, "changed": False, "failed": True}
+
+
+@pytest.mark.parametrize("args", [{"name": "a"}, {"name": "a", "count": 11}, {"name": "a", "count": float("inf")}])
+def test_failures_are_reported_outside_any_exception_handler(monkeypatch, args):
+    """fail_json called while an exception is handled takes its traceback into the result on ansible-core before 2.19
+    (and on 2.19 and later where tracebacks are asked for): a failed check carries its sentence, never a traceback."""
+    handled = []
+
+    def fail_json(self, **kwargs):  # pylint: disable=unused-argument
+        handled.append(sys.exc_info()[0])
+        raise utils.AnsibleFailJson(kwargs)
+    monkeypatch.setattr(basic.AnsibleModule, "fail_json", fail_json)
+
+    def run(params):
+        raise CheckError("The engine said no.", {})
+    exited, result = utils.run_module(Module(run), args)
+    assert not exited and "exception" not in result and handled == [None]
 
 
 def test_the_table_checks_run_before_the_work():
