@@ -19,7 +19,7 @@ description:
   - A content that is text is written as given. A content that is data (a mapping, a list, a number, V(true)/V(false),
     V(null)) is written in the format of the file name's extension, C(.json) as JSON (indented by two spaces) and C(.yaml)
     or C(.yml) as YAML (block style), keys in the order given. Hand the data over as it is, not text serialised in the
-    task: ansible-core before 2.19 turns a templated string that reads as a Python literal (a
+    task, since ansible-core before 2.19 turns a templated string that reads as a Python literal (a
     P(ansible.builtin.to_nice_json#filter) result, for example) back into data, so text serialised in the task can reach
     the module as a mapping on one ansible-core version and as text on another.
   - A file whose content and mode are already the same is left alone (idempotent). A file whose content is the same
@@ -53,7 +53,7 @@ options:
   documents:
     description:
       - Mapping of paths relative to O(dest), each ending in C(.yaml) or C(.yml), to a list of documents, written as one
-        multi-document YAML file in the order given (C(---) between documents): for example the manifests of a role, in
+        multi-document YAML file in the order given (C(---) between documents), for example the manifests of a role in
         apply order.
       - The same rules for paths as O(files); a path may appear in only one of the two.
     type: dict
