@@ -113,9 +113,12 @@ def test_a_missing_library_is_missing_required_lib():
     assert result["msg"] == basic.missing_required_lib("msgspec") and result["exception"] == "Traceback: no msgspec"
 
 
+INFINITE_COUNT = utils.infinite_int_sentence("count", "count must be a whole number, got an infinite number.")
+
+
 @pytest.mark.parametrize("args, sentence", [
-    ({"name": "a", "count": float("inf")}, "count must be a whole number, got an infinite number."),
-    ({"name": "a", "count": float("-inf")}, "count must be a whole number, got an infinite number."),
+    ({"name": "a", "count": float("inf")}, INFINITE_COUNT),
+    ({"name": "a", "count": float("-inf")}, INFINITE_COUNT),
 ])
 def test_an_infinite_number_for_an_int_option_is_one_sentence(args, sentence):
     module = Module(lambda params: {})
@@ -133,7 +136,7 @@ def test_the_fallback_masks_nested_secrets(monkeypatch):
         raise utils.AnsibleFailJson(kwargs)
     monkeypatch.setattr(basic.AnsibleModule, "fail_json", fail_json)
     exited, result = utils.run_module(Module(lambda params: {}), {"name": "a", "count": float("inf"), "extra": {"token": "s3cret"}})
-    assert not exited and "s3cret" in masked and result["msg"] == "count must be a whole number, got an infinite number."
+    assert not exited and "s3cret" in masked and result["msg"] == INFINITE_COUNT
 
 
 def test_ansible_cores_own_checks_still_speak():
@@ -159,4 +162,4 @@ def test_ansible_module_is_the_lower_level_builder():
     exited, result = utils.run_module(Raw, {"name": "a", "count": 50})
     assert exited and result["params"]["count"] == 50  # no table checks: the caller validates
     exited, result = utils.run_module(Raw, {"name": "a", "count": float("inf")})
-    assert not exited and result["msg"] == "count must be a whole number, got an infinite number."
+    assert not exited and result["msg"] == INFINITE_COUNT
