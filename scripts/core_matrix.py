@@ -55,6 +55,8 @@ MODULES_PLAY = """
 - hosts: localhost
   connection: local
   gather_facts: false
+  module_defaults:
+    group/inference_cache.substrate.http: {validate_certs: false, timeout: 30}
   tasks:
     - name: A plan computed
       inference_cache.substrate.gpu_memory_plan:
@@ -128,11 +130,13 @@ def find_python(version):
     pyenv_root = os.environ.get("PYENV_ROOT") or os.path.expanduser("~/.pyenv")
     candidates += sorted(glob.glob(os.path.join(pyenv_root, "versions", version + ".*", "bin", "python" + version)), reverse=True)
     for candidate in candidates:
-        probe = subprocess.run([candidate, "-c", "import sys; print('%d.%d' % sys.version_info[:2], sys.executable)"],
+        # The base interpreter (not a virtual environment's copy, not a pyenv shim in front of it).
+        probe = subprocess.run([candidate, "-c", "import os, sys; base = os.path.join(sys.base_prefix, 'bin', 'python%d.%d' % sys.version_info[:2]);"
+                                " print('%d.%d' % sys.version_info[:2], base if os.path.exists(base) else sys.executable)"],
                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, universal_newlines=True, check=False)
         found = probe.stdout.split() if probe.returncode == 0 else []
         if len(found) == 2 and found[0] == version:
-            return found[1]   # the interpreter itself, not a shim in front of it
+            return found[1]
     fail("no Python %s found (python%s on PATH, or under %s/versions): install it, e.g. `pyenv install %s`."
          % (version, version, pyenv_root, version))
     return None
@@ -350,11 +354,14 @@ def main():
     stages = args.stages or list(STAGES)
     if "venv" not in stages:
         stages.insert(0, "venv")
+    start = time.time()
     for name in stages:
         t0 = time.time()
         say("%s: %s on ansible-core %s, Python %s" % (args.lane, name, LANES[args.lane]["core"], LANES[args.lane]["python"]))
         STAGES[name](args.lane)
         say("%s: %s passed in %.0f s" % (args.lane, name, time.time() - t0))
+    print("core-matrix: ansible-core %s on Python %s: %s passed in %.0f s" % (LANES[args.lane]["core"], LANES[args.lane]["python"],
+                                                                             ", ".join(stages), time.time() - start))
 
 
 if __name__ == "__main__":

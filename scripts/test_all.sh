@@ -9,7 +9,8 @@
 #           and molecule `kwok` runs the Kubernetes path on a kwok cluster with real engines behind its engine pods
 #           and the GIE EPP routing real requests to them;
 #   builds  the Go builds (kwok cluster, helm, the GIE EPP and its CRDs), once per version: a test that needs one before
-#           it is done waits on its lock (inference_cache.substrate.go_build), so each is built once;
+#           it is done waits on its lock (inference_cache.substrate.go_build), so each is built once; then the ansible-core
+#           matrix (scripts/core_matrix.py: the floor and the newest release, sanity, units and the installed tarball);
 #   checks  everything else (ansible-test sanity and units, lint, the other molecule tests, build, then the other pytest
 #           tests, whose kwok cluster modules run last: tests/integration/conftest.py).
 # The lanes share no port, file or engine. A stage's output is printed in one block when it ends.
@@ -34,6 +35,8 @@ declare -A cmd=(
   [integration]="make integration"
   [lint]="make lint"
   [go-build]="make go-build"
+  [core-floor]="make core-floor"    # ansible-core 2.16 (the declared floor), Python 3.11
+  [core-newest]="make core-newest"  # ansible-core 2.21 (the newest), Python 3.13
   [molecule-checks]="make molecule MOLECULE_EXCEPT='default kv_index kwok'"  # every scenario but the engine lane's
   [build]="make build"
   [molecule-engine]="make molecule SCENARIOS=default MOLECULE_TEST_ARGS=--destroy=never"
@@ -44,7 +47,7 @@ declare -A cmd=(
 )
 engine_lane=(molecule-engine engine molecule-destroy molecule-kv-index molecule-kwok)
 checks_lane=(changelog argspecs sanity units lint molecule-checks build integration)
-builds_lane=(go-build)
+builds_lane=(go-build core-floor core-newest)
 all=("${builds_lane[@]}" "${checks_lane[@]}" "${engine_lane[@]}")
 
 run_stage() {
