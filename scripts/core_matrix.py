@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """The ansible-core support matrix: the declared floor and the newest release, each in a virtual environment of its own.
 
 `make test` runs the whole suite on the toolchain of requirements-dev.txt. This script runs, on every other ansible-core
@@ -22,7 +21,6 @@ import glob
 import hashlib
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -43,8 +41,10 @@ TEST_LIBS = ["pytest", "pytest-xdist", "hypothesis", "PyYAML", "pyzmq", "msgspec
              "xds-protos", "protobuf", "kubernetes"]
 # The render cases run from the installed tarball (tests/integration/_k8s_render.py): each profile, both scoring modes,
 # both routers, the secret redaction, prefill/decode, the GPU device plugin, and refusals that must stop in a preflight.
-RENDER_CASES = os.environ.get("CORE_MATRIX_CASES", "").split() or ["kind-inventory", "gpu-inventory-nvkind", "cpu-precise-clusterip", "cpu-precise-kv-nodeport", "gpu-lmcache-precise-loadbalancer",
-                "gpu-lmcache-in-process", "sglang-precise-clusterip", "cpu-pd-engines", "gpu-pd-disaggregation"]
+# CORE_MATRIX_CASES="name ..." renders only those (while working on one).
+RENDER_CASES = os.environ.get("CORE_MATRIX_CASES", "").split() or [
+    "kind-inventory", "gpu-inventory-nvkind", "cpu-precise-clusterip", "cpu-precise-kv-nodeport", "gpu-lmcache-precise-loadbalancer",
+    "gpu-lmcache-in-process", "sglang-precise-clusterip", "cpu-pd-engines", "gpu-pd-disaggregation"]
 RENDER_GIE_CASES = ["gie-cpu", "gie-gpu-gke"]
 RENDER_REFUSED = ["neg-bare-tag", "neg-empty-peers"]
 
@@ -326,8 +326,9 @@ def stage_installed(lane):
         # 5. The modules from the installed copy: a plan computed, a config checked, an unreachable engine one sentence.
         with open(os.path.join(work, "modules.yml"), "w") as handle:
             handle.write(MODULES_PLAY)
-        proc = subprocess.run(["ansible-playbook", "-i", "localhost,", "modules.yml", "-e", "ansible_python_interpreter=%s" % os.path.join(venv, "bin", "python")],
-                              cwd=work, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, universal_newlines=True, check=False)
+        interpreter = "ansible_python_interpreter=%s" % os.path.join(venv, "bin", "python")
+        proc = subprocess.run(["ansible-playbook", "-i", "localhost,", "modules.yml", "-e", interpreter], cwd=work, env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, universal_newlines=True, check=False)
         if proc.returncode != 0:
             print(proc.stdout[-6000:])
             fail("the modules of the installed collection did not answer as expected on ansible-core %s." % LANES[lane]["core"])
@@ -343,7 +344,7 @@ STAGES = {"venv": stage_venv, "sanity": stage_sanity, "units": stage_units, "ins
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n", maxsplit=1)[0])
     parser.add_argument("lane", choices=sorted(LANES))
     parser.add_argument("stages", nargs="*", metavar="STAGE", help="of: %s (default: all)" % " ".join(STAGES))
     args = parser.parse_args()

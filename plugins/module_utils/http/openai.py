@@ -53,6 +53,7 @@ except ImportError:  # the cluster verifier's Job: no Ansible in the engine imag
     class UrlsConnectionError(Exception):
         """Stands in for ``ansible.module_utils.urls.ConnectionError`` when Ansible is not installed."""
 
+
 def _takes_context(request_class):
     """Whether ``Request`` accepts a prepared TLS context (ansible-core 2.17 and later)."""
     try:
