@@ -10,7 +10,8 @@
 #           and the GIE EPP routing real requests to them;
 #   builds  the Go builds (kwok cluster, helm, the GIE EPP and its CRDs), once per version: a test that needs one before
 #           it is done waits on its lock (inference_cache.substrate.go_build), so each is built once; then the ansible-core
-#           matrix (scripts/core_matrix.py: the floor and the newest release, sanity, units and the installed tarball);
+#           matrix (scripts/core_matrix.py: the floor and the newest release, sanity, units and the installed tarball), and
+#           the release checks (scripts/check_release.py: galaxy-importer, ansible-builder, antsibull-docs lint);
 #   checks  everything else (ansible-test sanity and units, lint, the other molecule tests, build, then the other pytest
 #           tests, whose kwok cluster modules run last: tests/integration/conftest.py).
 # The lanes share no port, file or engine. A stage's output is printed in one block when it ends.
@@ -37,6 +38,7 @@ declare -A cmd=(
   [go-build]="make go-build"
   [core-floor]="make core-floor"    # ansible-core 2.16 (the declared floor), Python 3.11
   [core-newest]="make core-newest"  # ansible-core 2.21 (the newest), Python 3.13
+  [release-check]="make release-check"  # galaxy-importer, ansible-builder, antsibull-docs lint on the built tarball
   [molecule-checks]="make molecule MOLECULE_EXCEPT='default kv_index kwok'"  # every scenario but the engine lane's
   [build]="make build"
   [molecule-engine]="make molecule SCENARIOS=default MOLECULE_TEST_ARGS=--destroy=never"
@@ -47,7 +49,7 @@ declare -A cmd=(
 )
 engine_lane=(molecule-engine engine molecule-destroy molecule-kv-index molecule-kwok)
 checks_lane=(changelog argspecs sanity units lint molecule-checks build integration)
-builds_lane=(go-build core-floor core-newest)
+builds_lane=(go-build core-floor core-newest release-check)
 all=("${builds_lane[@]}" "${checks_lane[@]}" "${engine_lane[@]}")
 
 run_stage() {
