@@ -64,7 +64,8 @@ def tools():
     shutil.rmtree(TOOLS, ignore_errors=True)
     uv = os.path.join(ROOT, ".venv", "bin", "uv")
     python = sys.executable if not hasattr(sys, "base_prefix") else os.path.join(sys.base_prefix, "bin", "python%d.%d" % sys.version_info[:2])
-    for cmd in ([uv, "venv", "--quiet", "--python", python, TOOLS], [uv, "pip", "install", "--quiet", "--python", os.path.join(TOOLS, "bin", "python"), "-r", PINS]):
+    install = [uv, "pip", "install", "--quiet", "--python", os.path.join(TOOLS, "bin", "python"), "-r", PINS]
+    for cmd in ([uv, "venv", "--quiet", "--python", python, TOOLS], install):
         code, out = run(cmd)
         if code:
             print(out)

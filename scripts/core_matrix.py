@@ -361,8 +361,8 @@ def main():
         say("%s: %s on ansible-core %s, Python %s" % (args.lane, name, LANES[args.lane]["core"], LANES[args.lane]["python"]))
         STAGES[name](args.lane)
         say("%s: %s passed in %.0f s" % (args.lane, name, time.time() - t0))
-    print("core-matrix: ansible-core %s on Python %s: %s passed in %.0f s" % (LANES[args.lane]["core"], LANES[args.lane]["python"],
-                                                                             ", ".join(stages), time.time() - start))
+    spec = LANES[args.lane]
+    print("core-matrix: ansible-core %s on Python %s: %s passed in %.0f s" % (spec["core"], spec["python"], ", ".join(stages), time.time() - start))
 
 
 if __name__ == "__main__":
