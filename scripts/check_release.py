@@ -173,6 +173,11 @@ def check_docs_lint(bin_dir, installed, collections, work):
 def docs_site(bin_dir, collections, work):
     env = env_for(bin_dir, collections, os.path.join(work, "tmp"))
     shutil.rmtree(SITE, ignore_errors=True)
+    os.makedirs(SITE)
+    os.chmod(SITE, 0o755)   # sphinx-init wants a folder of its own, writable by its owner only
+    # --lenient: the links into Ansible's own documentation (ansible.builtin plugins, common return values) resolve through
+    # intersphinx, which needs docs.ansible.com; offline Sphinx warns about each and they stay plain text. The content
+    # itself is held by docs-lint.
     code, out = run(["antsibull-docs", "sphinx-init", "--use-current", "--dest-dir", SITE, "--lenient", "inference_cache.substrate"], env=env)
     if code:
         print(out)
