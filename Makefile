@@ -11,7 +11,7 @@ export ANSIBLE_FORCE_COLOR := 0
 export PY_COLORS := 0
 export NO_COLOR := 1
 
-.PHONY: help setup site verify teardown render kubernetes kwok kwok-traffic gie-epp go-build kwok-teardown test sanity units pytest integration engine lint molecule molecule-destroy build changelog argspecs bench bench-site bench-verify bench-load bench-routing study-routing study-fleet bench-kv-scale freeze clean
+.PHONY: help setup site verify teardown render kubernetes kwok kwok-traffic gie-epp go-build kwok-teardown test sanity units core-floor core-newest release-check docs pytest integration engine lint molecule molecule-destroy build changelog argspecs bench bench-site bench-verify bench-load bench-routing study-routing study-fleet bench-kv-scale freeze clean
 
 help:  ## List the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-17s %s\n", $$1, $$2}'
@@ -85,6 +85,20 @@ molecule: setup  ## Every molecule scenario that can run here (or SCENARIOS="a b
 
 molecule-destroy: setup  ## molecule destroy of SCENARIOS, or of all (after `make molecule MOLECULE_TEST_ARGS=--destroy=never`)
 	$(if $(SCENARIOS),for s in $(SCENARIOS); do $(BIN)/molecule destroy -s $$s || exit 1; done,$(BIN)/molecule destroy --all)
+
+# The ansible-core matrix (scripts/core_matrix.py): the declared floor and the newest release, each in a venv of its own
+# under .cache/matrix: sanity, units and the installed tarball used by FQCN (render, a verify with no host, the modules).
+core-floor: setup  ## ansible-core floor (2.16, Python 3.11): sanity, units, the installed tarball by FQCN (STAGES: some of venv sanity units installed)
+	$(BIN)/python scripts/core_matrix.py floor $(STAGES)
+
+core-newest: setup  ## ansible-core newest (2.21, Python 3.13): sanity, units, the installed tarball by FQCN (STAGES: as above)
+	$(BIN)/python scripts/core_matrix.py newest $(STAGES)
+
+release-check: setup  ## The built tarball as Galaxy and users get it: galaxy-importer (0 errors), ansible-builder introspect and create, antsibull-docs lint
+	$(BIN)/python scripts/check_release.py
+
+docs: setup  ## The documentation site (antsibull-docs sphinx-init, then Sphinx) into .cache/docs-site/build/html
+	$(BIN)/python scripts/check_release.py docs-site
 
 build: setup  ## ansible-galaxy collection build into .cache/dist
 	@mkdir -p .cache/dist

@@ -3,7 +3,8 @@
 # .../ansible_collections/<namespace>/<name>/ as a real directory, not a symlink).
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
-VENV=$ROOT/.venv
+# ANSIBLE_TEST_VENV: another environment (an ansible-core of scripts/core_matrix.py) in place of the toolchain.
+VENV=${ANSIBLE_TEST_VENV:-$ROOT/.venv}
 # ANSIBLE_TEST_STAGE: another folder for the staged copy, so that two runs at once do not share one.
 STAGE=${ANSIBLE_TEST_STAGE:-$ROOT/.cache/stage}/ansible_collections/inference_cache/substrate
 

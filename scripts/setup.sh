@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Set up the controller toolchain for this repository, idempotently:
 #   .venv/                       pinned development toolchain (requirements-dev.txt)
-#   .cache/collections/          kubernetes.core (Galaxy, or the copy inside the PyPI `ansible` wheel)
+#   .cache/collections/          kubernetes.core (the copy inside the PyPI `ansible` wheel of ANSIBLE_PKG_VERSION)
 #                                and this collection, linked in as inference_cache.substrate
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -9,8 +9,9 @@ ROOT=$PWD
 PYTHON=${PYTHON:-python3}
 VENV=$ROOT/.venv
 COLL=$ROOT/.cache/collections
-# kubernetes.core comes from Galaxy when reachable; otherwise from this release of the `ansible` package.
-ANSIBLE_PKG_VERSION=${ANSIBLE_PKG_VERSION:-12.3.0}
+# kubernetes.core comes from Galaxy when reachable; otherwise from this release of the `ansible` package (14.5.0 carries
+# kubernetes.core 6.6.0; the package wants Python 3.12, so its wheel is fetched for 3.12: only files are taken from it).
+ANSIBLE_PKG_VERSION=${ANSIBLE_PKG_VERSION:-14.5.0}
 # uv, which installs the pinned toolchain (pip does it when uv cannot).
 UV_VERSION=${UV_VERSION:-0.13.9}
 
@@ -56,19 +57,30 @@ if ! command -v shellcheck >/dev/null 2>&1; then
   fi
 fi
 
-# 3. kubernetes.core.
+# 3. kubernetes.core, at the version the tests run: the copy inside the PyPI `ansible` package of ANSIBLE_PKG_VERSION
+#    (recorded in .kubernetes-core-from; another release replaces it). SUBSTRATE_GALAXY_K8S=1 takes Galaxy's newest instead
+#    (requirements.yml), where Galaxy answers.
 mkdir -p "$COLL/ansible_collections"
-if [ -f "$COLL/ansible_collections/kubernetes/core/MANIFEST.json" ]; then
-  say "kubernetes.core already present"
-elif timeout 60 "$VENV/bin/ansible-galaxy" collection install -r requirements.yml -p "$COLL" >/dev/null 2>&1; then
+k8s=$COLL/ansible_collections/kubernetes/core
+from=$COLL/.kubernetes-core-from
+want_from="ansible==$ANSIBLE_PKG_VERSION"
+[ -n "${SUBSTRATE_GALAXY_K8S:-}" ] && want_from=galaxy
+if [ -f "$k8s/MANIFEST.json" ] && [ "$(cat "$from" 2>/dev/null)" = "$want_from" ]; then
+  say "kubernetes.core already present (from $want_from)"
+elif [ "$want_from" = galaxy ]; then
+  timeout 60 "$VENV/bin/ansible-galaxy" collection install --force -r requirements.yml -p "$COLL" >/dev/null \
+    || { echo "[setup] Galaxy did not answer: unset SUBSTRATE_GALAXY_K8S to take kubernetes.core from the PyPI ansible package"; exit 1; }
+  echo galaxy > "$from"
   say "kubernetes.core installed from Galaxy"
 else
-  say "Galaxy unreachable: extracting kubernetes.core from the PyPI ansible==$ANSIBLE_PKG_VERSION wheel"
+  say "extracting kubernetes.core from the PyPI ansible==$ANSIBLE_PKG_VERSION wheel"
   wheels=$ROOT/.cache/wheels
   mkdir -p "$wheels"
-  "$VENV/bin/python" -m pip download --quiet --no-deps -d "$wheels" "ansible==$ANSIBLE_PKG_VERSION"
+  "$VENV/bin/python" -m pip download --quiet --disable-pip-version-check --no-deps --only-binary=:all: --python-version 3.12 \
+    -d "$wheels" "ansible==$ANSIBLE_PKG_VERSION"
+  rm -rf "$k8s"
   "$VENV/bin/python" - "$wheels/ansible-$ANSIBLE_PKG_VERSION-py3-none-any.whl" "$COLL" <<'PY'
-import sys, zipfile
+import json, sys, zipfile
 wheel, dest = sys.argv[1], sys.argv[2]
 prefix = "ansible_collections/kubernetes/core/"
 with zipfile.ZipFile(wheel) as zf:
@@ -76,8 +88,10 @@ with zipfile.ZipFile(wheel) as zf:
     if not members:
         sys.exit(f"{wheel} holds no {prefix}: pick another ANSIBLE_PKG_VERSION")
     zf.extractall(dest, members)
-print(f"[setup] extracted {len(members)} files of kubernetes.core")
+    version = json.loads(zf.read(prefix + "MANIFEST.json"))["collection_info"]["version"]
+print(f"[setup] extracted {len(members)} files of kubernetes.core {version}")
 PY
+  echo "$want_from" > "$from"
 fi
 
 # 4. This collection, linked in so playbooks and pytest find inference_cache.substrate.

@@ -14,6 +14,9 @@
 #           never by looking for a binary: the engine lane's EPP tests (test_epp_route_engine.py) may reach the GIE EPP
 #           long before a cold build of it ends, and wait for it; the simulator (llm-d-inference-sim), which this lane does
 #           not build, is built on first use the same way (molecule kwok_fleet, test_simulated_engine.py);
+#           then the ansible-core matrix (scripts/core_matrix.py: the floor and the newest release, sanity, units and the
+#           installed tarball), and the release checks (scripts/check_release.py: galaxy-importer, ansible-builder,
+#           antsibull-docs lint);
 #   checks  everything else (go test of tools/kvcache_probe, ansible-test sanity and units, lint, the other molecule tests,
 #           build, then the other pytest tests, whose kwok cluster modules run last: tests/integration/conftest.py).
 # The lanes share no port, file or engine. A stage's output is printed in one block when it ends.
@@ -39,6 +42,9 @@ declare -A cmd=(
   [integration]="make integration"
   [lint]="make lint"
   [go-build]="make go-build"
+  [core-floor]="make core-floor"    # ansible-core 2.16 (the declared floor), Python 3.11
+  [core-newest]="make core-newest"  # ansible-core 2.21 (the newest), Python 3.13
+  [release-check]="make release-check"  # galaxy-importer, ansible-builder, antsibull-docs lint on the built tarball
   [molecule-checks]="make molecule MOLECULE_EXCEPT='default kv_index kwok'"  # every scenario but the engine lane's
   [build]="make build"
   [molecule-engine]="make molecule SCENARIOS=default MOLECULE_TEST_ARGS=--destroy=never"
@@ -49,7 +55,7 @@ declare -A cmd=(
 )
 engine_lane=(molecule-engine engine molecule-destroy molecule-kv-index molecule-kwok)
 checks_lane=(changelog argspecs gotest sanity units lint molecule-checks build integration)
-builds_lane=(go-build)
+builds_lane=(go-build core-floor core-newest release-check)
 all=("${builds_lane[@]}" "${checks_lane[@]}" "${engine_lane[@]}")
 
 run_stage() {

@@ -30,12 +30,16 @@ class ActionModule(ActionBase):
         if checked.error_messages:
             raise AnsibleActionFail(" ".join(" ".join(str(m).split()) for m in checked.error_messages))
         args = checked.validated_parameters
+        # The sentence is raised outside the handler: ansible-core before 2.19 would attach the CheckError's traceback.
+        failure = None
         try:
-            entries = render.plan(args["dest"], args["files"], args["mode"])
+            entries = render.plan(args["dest"], args["files"], args["mode"], documents=args["documents"])
             if not self._task.check_mode:
                 render.apply(entries)
         except CheckError as exc:
-            raise AnsibleActionFail(exc.msg)
+            failure = exc.msg
+        if failure is not None:
+            raise AnsibleActionFail(failure)
         changed = render.changed_paths(entries)
         result.update(changed=bool(changed), files=[e["path"] for e in entries], changed_files=changed)
         if self._task.diff:

@@ -79,6 +79,9 @@ options:
     description:
       - A file holding the EndpointPickerConfig as YAML (for example one the user wrote). An empty file is what the EPP
         replaces with its default configuration (a warning).
+      - The file is read on the host the task runs on (the target), with PyYAML there. For a file on the controller, pass
+        its text in O(config) instead (an P(ansible.builtin.file#lookup) lookup), or run the task with C(delegate_to)
+        localhost.
     type: path
   engine:
     description:
@@ -94,7 +97,7 @@ options:
         type: str
       topic:
         description:
-          - The engines' KV-event topic, placeholders allowed (for example C(kv@$(POD_IP):8000@Qwen/Qwen3-0.6B)).
+          - The engines' KV-event topic, placeholders allowed (for example kv@$(POD_IP):8000@Qwen/Qwen3-0.6B, where the pod's IP replaces $(POD_IP)).
           - The producer's C(topicFilter) must be a prefix of it (ZMQ subscriptions match byte prefixes).
         type: str
       kv_events_port:
@@ -139,7 +142,7 @@ options:
     type: str
     choices: [v0.9.0, v1.4.0]
 requirements:
-  - PyYAML (only for O(path) or YAML text)
+  - PyYAML on the host the task runs on (only for O(path) or YAML text)
 seealso:
   - module: inference_cache.substrate.kv_events_check
   - name: llm-d router EndpointPickerConfig types (v0.9.0)

@@ -180,14 +180,17 @@ OPTIONS = dict(
 def main():
     # This module changes things, so it builds its module itself (common/module.run_module is for checks).
     module = ansible_module(OPTIONS, supports_check_mode=True)
+    # Failures are reported outside the handlers: inside one, ansible-core before 2.19 attaches its traceback.
+    failure = None
     try:
         params = validate(OPTIONS, module.params)
         result = GoBuild(params, check_mode=module.check_mode).ensure()
     except CheckError as exc:
-        module.fail_json(msg=exc.msg, **dict(exc.facts, changed=False))
+        failure = dict(exc.facts, msg=exc.msg)
     except (IOError, OSError) as exc:
-        module.fail_json(msg="Cannot build %s@%s into %s: %s." % (module.params["module"], module.params["version"],
-                                                                  module.params["dest"], exc), changed=False)
+        failure = {"msg": "Cannot build %s@%s into %s: %s." % (module.params["module"], module.params["version"], module.params["dest"], exc)}
+    if failure is not None:
+        module.fail_json(**dict(failure, changed=False))
     module.exit_json(**result)
 
 

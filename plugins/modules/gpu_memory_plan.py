@@ -36,7 +36,10 @@ description:
     sized as full attention, so their KV cache is an upper bound; a quantized KV cache (O(kv_cache_dtype)) is sized
     without its scales."
   - Fails early, with one sentence naming the numbers, when the requested context does not fit on O(max_gpus) GPUs.
-  - Pure arithmetic on the controller; it reads O(model_config_path) when given and changes nothing.
+  - Runs where the task runs, as every module does, so on the target host (on the controller only with a local
+    connection or C(delegate_to) localhost), and changes nothing. O(model_config_path) is read on that host; for a
+    C(config.json) on the controller, pass its content in O(model_config) instead (an P(ansible.builtin.file#lookup)
+    lookup read through P(ansible.builtin.from_json#filter)).
 author:
   - inference_cache.substrate contributors (@inference-cache)
 extends_documentation_fragment:

@@ -231,11 +231,15 @@ def main():
     module = ansible_module(OPTIONS, required_if=[("state", "started", ("launcher", "log", "health_url"))], supports_check_mode=True)
     if not HAS_PSUTIL:
         module.fail_json(msg=missing_required_lib("psutil"), exception=PSUTIL_IMPORT_ERROR)
+    # The failure is reported outside the handler: inside it, ansible-core before 2.19 attaches its traceback.
+    failure = None
     try:
         params = validate(OPTIONS, module.params)
         result = _ensure(params, module.check_mode)
     except CheckError as exc:
-        module.fail_json(msg=exc.msg, **exc.facts)
+        failure = exc
+    if failure is not None:
+        module.fail_json(msg=failure.msg, **failure.facts)
     if result.get("foreign"):
         module.warn("The pid file %s named pid %d, which is not the %s (%s); it was left alone."
                     % (params["pidfile"], result["foreign"]["pid"], params["name"], result["foreign"]["reason"]))

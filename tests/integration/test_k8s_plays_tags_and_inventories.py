@@ -102,7 +102,11 @@ def _needed_opt_outs(inventory):
 
     roles = set()
     for play in _load("playbooks/kubernetes.yml"):
-        if not hosts(play["hosts"]):
+        if "hosts" not in play:   # the hosts check (import_playbook: require_hosts.yml), which runs no role
+            continue
+        # A play's hosts come from a variable whose default is the group: "{{ substrate_k8s_hosts | default('k8s_controller') }}".
+        group = re.search(r"default\('([^']+)'\)", play["hosts"])
+        if not hosts(group.group(1) if group else play["hosts"]):
             continue
         for entry in play.get("roles", []):
             roles.add(entry["role"] if isinstance(entry, dict) else entry)

@@ -20,6 +20,7 @@ import os
 import stat
 
 import pytest
+import yaml
 from ansible.errors import AnsibleActionFail
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -104,13 +105,16 @@ def test_names_that_leave_the_folder_are_refused(tmp_path, name):
 
 
 @pytest.mark.parametrize("files, message", [
-    ({"a.yaml": {"b": 1}}, "The content of 'a.yaml' is a dict, not text; render it to text first, for example with ansible.builtin.to_nice_yaml."),
-    ({"a.yaml": ["b"]}, "The content of 'a.yaml' is a list, not text;"),
-    ({"a.yaml": 5}, "The content of 'a.yaml' is a int, not text;"),
-    ({"a.yaml": None}, "The content of 'a.yaml' is a NoneType, not text;"),
+    ({"a.txt": {"b": 1}}, "The content of 'a.txt' is a dict, and render_files writes data only into a .json, .yaml or .yml file: give text, "
+                          "or a file name with one of those extensions."),
+    ({"a": ["b"]}, "The content of 'a' is a list, and render_files writes data only into a .json, .yaml or .yml file"),
+    ({"a.yaml": {"b": object()}}, "The content of 'a.yaml' holds a object at key 'b', which cannot be written as YAML;"),
+    ({"a.json": [1, b"x"]}, "The content of 'a.json' holds a bytes at the top, item 1, which cannot be written as JSON;"),
+    ({"a.json": {"b": float("inf")}}, "The content of 'a.json' holds a number JSON cannot write (infinite or not a number)."),
+    ({"a.yaml": {(1, 2): "x"}}, "The content of 'a.yaml' has a key (1, 2) at the top, which is not text or a number."),
     ({"": "x"}, "File name '' is not a non-empty string."),
     ({"a\0b": "x"}, "File name 'a\\x00b' contains a NUL character."),
-    ({}, "files must be a non-empty mapping of relative paths to text contents."),
+    ({}, "files (paths to contents) or documents (paths to lists of YAML documents) must be a non-empty mapping."),
     ({"a": "x", "a/b": "y"}, "File names 'a' and 'a/b' conflict: one path would be both a file and a folder, or written twice."),
     ({"a": "x", "./a": "y"}, "File names './a' and 'a' conflict:"),
 ])
@@ -119,9 +123,62 @@ def test_wrong_files_are_one_sentence(tmp_path, files, message):
     assert os.listdir(str(tmp_path)) == []
 
 
+@pytest.mark.parametrize("documents, message", [
+    ({"m.json": [{"a": 1}]}, "The documents of 'm.json' can be written only into a .yaml or .yml file."),
+    ({"m.yaml": {"a": 1}}, "The documents of 'm.yaml' must be a list of documents, got a dict."),
+    ({"m.yaml": [{"a": 1}, {"b": set()}]}, "The content of 'm.yaml' holds a set at key 'b', which cannot be written as YAML;"),
+])
+def test_wrong_documents_are_one_sentence(tmp_path, documents, message):
+    assert fail_message({"dest": str(tmp_path), "documents": documents}).startswith(message)
+    assert os.listdir(str(tmp_path)) == []
+
+
+def test_a_path_in_files_and_documents_is_refused(tmp_path):
+    message = fail_message({"dest": str(tmp_path), "files": {"m.yaml": "a: 1\n"}, "documents": {"m.yaml": [{"a": 1}]}})
+    assert message.startswith("File names 'm.yaml' and 'm.yaml' conflict:")
+
+
+class Tagged(str):
+    """What an ansible-core version hands an action for a templated string (AnsibleUnsafeText, a tagged str)."""
+
+
+class TaggedInt(int):
+    pass
+
+
+def test_data_is_written_by_extension_in_the_order_given(tmp_path):
+    data = {"z": 1, "a": [True, None, 1.5, Tagged("x")], "nested": {Tagged("k"): TaggedInt(7)}, "text": "two\nlines\n"}
+    run({"dest": str(tmp_path), "files": {"d.json": data, "d.yaml": data, "d.yml": [1, 2], "t.json": "as given"}})
+    assert (tmp_path / "d.json").read_text() == (
+        '{\n  "z": 1,\n  "a": [\n    true,\n    null,\n    1.5,\n    "x"\n  ],\n  "nested": {\n    "k": 7\n  },\n'
+        '  "text": "two\\nlines\\n"\n}\n')
+    assert (tmp_path / "d.yaml").read_text() == "z: 1\na:\n- true\n- null\n- 1.5\n- x\nnested:\n  k: 7\ntext: |\n  two\n  lines\n"
+    assert (tmp_path / "d.yml").read_text() == "- 1\n- 2\n"
+    assert (tmp_path / "t.json").read_text() == "as given"
+    assert run({"dest": str(tmp_path), "files": {"d.json": data, "d.yaml": data}})["changed"] is False
+
+
+def test_documents_are_one_yaml_stream_in_order(tmp_path):
+    docs = [{"kind": "Secret", "data": {"a": "b"}}, {"kind": "Service"}, []]
+    result = run({"dest": str(tmp_path), "documents": {"sub/manifests.yaml": docs}, "files": {"values.yaml": {"x": 1}}})
+    assert result["files"] == [str(tmp_path / "sub/manifests.yaml"), str(tmp_path / "values.yaml")]
+    text = (tmp_path / "sub/manifests.yaml").read_text()
+    assert text == "kind: Secret\ndata:\n  a: b\n---\nkind: Service\n---\n[]\n"
+    assert list(yaml.safe_load_all(text)) == docs
+    assert run({"dest": str(tmp_path), "documents": {"sub/manifests.yaml": docs}})["changed"] is False
+
+
+def test_text_that_reads_as_data_is_written_as_given(tmp_path):
+    """Text stays text whatever it looks like: the format is the caller's choice (ansible-core 2.16 hands over data
+    where a templated string looks like a Python literal, which the extension then writes in its format)."""
+    run({"dest": str(tmp_path), "files": {"a.json": "{'a': 1}", "b.yaml": "[1, 2]"}})
+    assert (tmp_path / "a.json").read_text() == "{'a': 1}" and (tmp_path / "b.yaml").read_text() == "[1, 2]"
+
+
 @pytest.mark.parametrize("args, message", [
     ({"files": {"a": "x"}}, "missing required arguments: dest"),
     ({"dest": "/tmp/x", "files": ["a"]}, "argument 'files' is of type list"),
+    ({"dest": "/tmp/x"}, "files (paths to contents) or documents (paths to lists of YAML documents) must be a non-empty mapping."),
     ({"dest": "/tmp/x", "files": {"a": "x"}, "mode": "u=rw"}, "mode must be an octal string such as '0644', got 'u=rw'."),
     ({"dest": "/tmp/x", "files": {"a": "x"}, "mode": 0o17777}, "mode must be between '0000' and '07777', got 8191."),
     ({"dest": "/tmp/x", "files": {"a": "x"}, "mode": ["0644"]}, "mode must be an octal string such as '0644', got ['0644']."),

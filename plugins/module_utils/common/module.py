@@ -75,8 +75,10 @@ def ansible_module(table, **module_kwargs):
     try:
         return AnsibleModule(argument_spec=spec, **module_kwargs)
     except VALIDATOR_CRASHES:
-        module = _raw_module(spec, module_kwargs)
-        module.fail_json(msg=_crash_sentence(table, module.params), changed=False)
+        pass
+    # Outside the handler: inside it, ansible-core before 2.19 would attach the validator's traceback.
+    module = _raw_module(spec, module_kwargs)
+    module.fail_json(msg=_crash_sentence(table, module.params), changed=False)
     return None  # not reached: fail_json exits
 
 
@@ -105,11 +107,16 @@ def run_module(table, run, requirements=(), facts=None, warn_facts=(), **module_
         for name in warn_facts:
             if found.get(name):
                 module.warn(found[name])
+    # The failure is reported outside the handler: inside it, ansible-core before 2.19 would attach the CheckError's
+    # traceback to the result (2.19 and later attach it when tracebacks are asked for).
+    failure = None
     try:
         params = validate(table, module.params)
         result = run(params, module) or {}
     except CheckError as exc:
-        warn(exc.facts)
-        _fail(module, exc.msg, dict(base, **exc.facts))
+        failure = exc
+    if failure is not None:
+        warn(failure.facts)
+        _fail(module, failure.msg, dict(base, **failure.facts))
     warn(result)
     module.exit_json(**dict(dict(base, changed=False), **result))

@@ -5,14 +5,21 @@
 
 # PRIVATE to the inference_cache.substrate collection: the names here may change without notice.
 
-"""Write rendered text files into a folder: what changes (content, mode) is computed once, and the diff, ``changed``
+"""Write rendered files into a folder: what changes (content, mode) is computed once, and the diff, ``changed``
 and the writes all come from that one comparison (plain Python, no Ansible; used by the render_files action).
+
+A file's content is text, written as given, or data (a mapping, a list, a number, true/false, null) written in the
+format of the file's extension: ``.json`` as JSON, ``.yaml``/``.yml`` as YAML, keys in the order given. A multi-document
+YAML file is a list of documents under ``documents``. The roles hand over data, never text they serialised themselves,
+so what is written does not depend on how one ansible-core version templates a string that looks like data (before
+2.19 a ``to_nice_json`` result came back to the action as a mapping).
 """
 
 from __future__ import absolute_import, division, print_function
 
 __metaclass__ = type  # pylint: disable=invalid-name
 
+import json
 import os
 import stat
 
@@ -22,9 +29,11 @@ from .options import argument_spec
 # The option table of the render_files action (common/options.py); what the table cannot say, plan() checks.
 OPTIONS = {
     "dest": {"type": "path", "required": True},
-    "files": {"type": "dict", "required": True},
+    "files": {"type": "dict"},
+    "documents": {"type": "dict"},
     "mode": {"type": "raw", "default": "0644"},
 }
+FORMATS = {".json": "JSON", ".yaml": "YAML", ".yml": "YAML"}
 ARGUMENT_SPEC = argument_spec(OPTIONS)
 MAX_MODE = 0o7777
 
@@ -66,31 +75,102 @@ def _current(path):
         return None, None
 
 
-def plan(dest, files, mode="0644"):
-    """What writing ``files`` under ``dest`` would change: a list of entries, one per file, sorted by name.
+def _format(rel):
+    return FORMATS.get(os.path.splitext(rel)[1].lower())
+
+
+def _plain(value, rel, where="the top"):
+    """``value`` as plain dicts, lists, strings, numbers, booleans and None (the subclasses an ansible-core version tags
+    its values with become the plain type), or CheckError naming what cannot be written."""
+    if value is None or type(value) in (bool, int, float, str):
+        return value
+    if isinstance(value, bool):
+        return bool(value)
+    if isinstance(value, str):
+        return str.__str__(value)
+    if isinstance(value, int):
+        return int(value)
+    if isinstance(value, float):
+        return float(value)
+    if isinstance(value, dict):
+        out = {}
+        for key, item in value.items():
+            if key is not None and not isinstance(key, (str, int, float, bool)):
+                raise CheckError("The content of %r has a key %r at %s, which is not text or a number." % (rel, key, where))
+            out[_plain(key, rel, where)] = _plain(item, rel, "key %r" % (key,))
+        return out
+    if isinstance(value, (list, tuple)):
+        return [_plain(item, rel, "%s, item %d" % (where, index)) for index, item in enumerate(value)]
+    raise CheckError("The content of %r holds a %s at %s, which cannot be written as %s; give text, a mapping, a list, a number, "
+                     "true/false or null." % (rel, type(value).__name__, where, _format(rel) or "data"))
+
+
+def _yaml(data):
+    """Block-style YAML, keys in the order given; a text of several lines (a config file in a ConfigMap or in Helm values)
+    as a literal block, as a person would write it (PyYAML falls back to quotes where a literal block cannot hold it)."""
+    import yaml  # pylint: disable=import-outside-toplevel  # the controller's (ansible-core requires it)
+
+    class Dumper(yaml.SafeDumper):  # pylint: disable=too-many-ancestors
+        pass
+
+    def text(dumper, value):
+        return dumper.represent_scalar("tag:yaml.org,2002:str", value, style="|" if "\n" in value else None)
+
+    Dumper.add_representer(str, text)
+    return yaml.dump(data, Dumper=Dumper, indent=2, allow_unicode=True, default_flow_style=False, sort_keys=False)
+
+
+def serialise(rel, content):
+    """The text of one entry of ``files``: text as given, data in the format of the file name's extension."""
+    if isinstance(content, str):
+        return str.__str__(content)
+    fmt = _format(rel)
+    if fmt is None:
+        raise CheckError("The content of %r is a %s, and render_files writes data only into a .json, .yaml or .yml file: give text, "
+                         "or a file name with one of those extensions." % (rel, type(content).__name__))
+    data = _plain(content, rel)
+    if fmt == "JSON":
+        try:
+            return json.dumps(data, indent=2, ensure_ascii=False, allow_nan=False) + "\n"
+        except ValueError:
+            raise CheckError("The content of %r holds a number JSON cannot write (infinite or not a number)." % (rel,))
+    return _yaml(data)
+
+
+def serialise_documents(rel, documents):
+    """The text of one entry of ``documents``: a YAML stream, ``---`` between the documents, in the order given."""
+    if _format(rel) != "YAML":
+        raise CheckError("The documents of %r can be written only into a .yaml or .yml file." % (rel,))
+    if not isinstance(documents, (list, tuple)):
+        raise CheckError("The documents of %r must be a list of documents, got a %s." % (rel, type(documents).__name__))
+    return "---\n".join(_yaml(_plain(doc, rel, "document %d" % index)) for index, doc in enumerate(documents))
+
+
+def plan(dest, files, mode="0644", documents=None):
+    """What writing ``files`` and ``documents`` under ``dest`` would change: a list of entries, one per file, by name.
 
     Each entry has ``path``, ``data`` (bytes to write), ``before`` (bytes or None), ``before_mode``, ``mode``,
     ``content_changed`` and ``mode_changed``. Raises CheckError (one sentence) on a wrong input.
     """
     if not isinstance(dest, str) or not dest:
         raise CheckError("dest must be the folder to write into.")
-    if not isinstance(files, dict) or not files:
-        raise CheckError("files must be a non-empty mapping of relative paths to text contents.")
+    files = {} if files is None else files
+    documents = {} if documents is None else documents
+    if not isinstance(files, dict) or not isinstance(documents, dict) or not (files or documents):
+        raise CheckError("files (paths to contents) or documents (paths to lists of YAML documents) must be a non-empty mapping.")
     mode_bits = parse_mode(mode)
     root = os.path.realpath(os.path.expanduser(dest))
+    named = [(rel, files[rel], serialise) for rel in files] + [(rel, documents[rel], serialise_documents) for rel in documents]
     entries = []
-    for rel in sorted(files, key=str):
-        content = files[rel]
+    for rel, content, to_text in sorted(named, key=lambda item: str(item[0])):
         if not isinstance(rel, str) or not rel:
             raise CheckError("File name %r is not a non-empty string." % (rel,))
         if "\0" in rel:
             raise CheckError("File name %r contains a NUL character." % (rel,))
-        if not isinstance(content, str):
-            raise CheckError("The content of %r is a %s, not text; render it to text first, for example with ansible.builtin.to_nice_yaml."
-                             % (rel, type(content).__name__))
         path = _inside(root, rel)
+        text = to_text(rel, content)
         try:
-            data = content.encode("utf-8")
+            data = text.encode("utf-8")
         except UnicodeEncodeError:
             raise CheckError("The content of %r cannot be written as UTF-8 (it carries a lone surrogate character)." % (rel,))
         for other in entries:

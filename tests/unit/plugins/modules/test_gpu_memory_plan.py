@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ansible_collections.inference_cache.substrate.plugins.modules import gpu_memory_plan as module
-from ansible_collections.inference_cache.substrate.tests.unit.plugins.modules.utils import run_module
+from ansible_collections.inference_cache.substrate.tests.unit.plugins.modules.utils import infinite_int_sentence, run_module
 from ansible_collections.inference_cache.substrate.tests.unit.plugins.sentences import assert_one_sentence
 
 LLAMA_8B = {"num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8, "hidden_size": 4096,
@@ -121,8 +121,9 @@ def test_bad_model_config_file(tmp_path, content, message):
     ({"max_num_batched_tokens": 0}, "max_num_batched_tokens must be a whole number between 1 and 100000000, got 0."),
     ({"engine_max_num_seqs": 0}, "engine_max_num_seqs must be a whole number between 1 and 1000000, got 0."),
     ({"dtype": "float13"}, "Data type 'float13' is not one of"),
-    ({"max_model_len": float("inf")}, "max_model_len must be a whole number, got an infinite number."),
-    ({"max_gpus": float("-inf"), "max_num_seqs": float("inf")}, "max_gpus and max_num_seqs must be a whole number, got an infinite number."),
+    ({"max_model_len": float("inf")}, infinite_int_sentence("max_model_len", "max_model_len must be a whole number, got an infinite number.")),
+    ({"max_gpus": float("-inf"), "max_num_seqs": float("inf")},
+     infinite_int_sentence("max_num_seqs", "max_gpus and max_num_seqs must be a whole number, got an infinite number.")),
 ])
 def test_wrong_input_is_one_sentence(change, message):
     args = dict((name, value) for name, value in dict(BASE, **change).items() if value is not DROP)

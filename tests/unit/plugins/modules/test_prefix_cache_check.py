@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 from ansible_collections.inference_cache.substrate.plugins.modules import prefix_cache_check as module
 from ansible_collections.inference_cache.substrate.plugins.module_utils.http import prefix_cache as pc
-from ansible_collections.inference_cache.substrate.tests.unit.plugins.modules.utils import run_module
+from ansible_collections.inference_cache.substrate.tests.unit.plugins.modules.utils import infinite_int_sentence, run_module
 from ansible_collections.inference_cache.substrate.tests.unit.plugins.http_server import ScriptedServer, sse
 from ansible_collections.inference_cache.substrate.tests.unit.plugins.net_utils import free_port
 from ansible_collections.inference_cache.substrate.tests.unit.plugins.sentences import assert_one_sentence
@@ -119,7 +119,7 @@ def test_warm_faster_expectation(probe):
     ({"max_body_bytes": 10}, "max_body_bytes must be between 1024 and 1073741824, got 10."),
     ({"client_key": "/k.pem"}, "missing parameter(s) required by 'client_key': client_cert"),
     # ansible-core's own int check raises OverflowError here ("cannot convert Infinity to integer")
-    ({"prefix_tokens": float("inf")}, "prefix_tokens must be a whole number, got an infinite number."),
+    ({"prefix_tokens": float("inf")}, infinite_int_sentence("prefix_tokens", "prefix_tokens must be a whole number, got an infinite number.")),
     ({"timeout": float("inf")}, "timeout must be above 0 and at most 3600, got inf."),
 ])
 def test_bad_arguments(probe, args, message):

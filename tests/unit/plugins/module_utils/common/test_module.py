@@ -9,6 +9,8 @@ from __future__ import absolute_import, division, print_function
 
 __metaclass__ = type  # pylint: disable=invalid-name
 
+import sys
+
 import pytest
 from ansible.module_utils import basic
 
@@ -65,6 +67,23 @@ def test_a_check_error_fails_with_its_sentence_and_facts():
     assert result == {"msg": "The engine said no.", "status": 503, "changed": False, "failed": True}
 
 
+@pytest.mark.parametrize("args", [{"name": "a"}, {"name": "a", "count": 11}, {"name": "a", "count": float("inf")}])
+def test_failures_are_reported_outside_any_exception_handler(monkeypatch, args):
+    """fail_json called while an exception is handled takes its traceback into the result on ansible-core before 2.19
+    (and on 2.19 and later where tracebacks are asked for): a failed check carries its sentence, never a traceback."""
+    handled = []
+
+    def fail_json(self, **kwargs):  # pylint: disable=unused-argument
+        handled.append(sys.exc_info()[0])
+        raise utils.AnsibleFailJson(kwargs)
+    monkeypatch.setattr(basic.AnsibleModule, "fail_json", fail_json)
+
+    def run(params):
+        raise CheckError("The engine said no.", {})
+    exited, result = utils.run_module(Module(run), args)
+    assert not exited and "exception" not in result and handled == [None]
+
+
 def test_the_table_checks_run_before_the_work():
     module = Module(lambda params: {})
     exited, result = utils.run_module(module, {"name": "a", "count": 11})
@@ -94,9 +113,12 @@ def test_a_missing_library_is_missing_required_lib():
     assert result["msg"] == basic.missing_required_lib("msgspec") and result["exception"] == "Traceback: no msgspec"
 
 
+INFINITE_COUNT = utils.infinite_int_sentence("count", "count must be a whole number, got an infinite number.")
+
+
 @pytest.mark.parametrize("args, sentence", [
-    ({"name": "a", "count": float("inf")}, "count must be a whole number, got an infinite number."),
-    ({"name": "a", "count": float("-inf")}, "count must be a whole number, got an infinite number."),
+    ({"name": "a", "count": float("inf")}, INFINITE_COUNT),
+    ({"name": "a", "count": float("-inf")}, INFINITE_COUNT),
 ])
 def test_an_infinite_number_for_an_int_option_is_one_sentence(args, sentence):
     module = Module(lambda params: {})
@@ -114,7 +136,7 @@ def test_the_fallback_masks_nested_secrets(monkeypatch):
         raise utils.AnsibleFailJson(kwargs)
     monkeypatch.setattr(basic.AnsibleModule, "fail_json", fail_json)
     exited, result = utils.run_module(Module(lambda params: {}), {"name": "a", "count": float("inf"), "extra": {"token": "s3cret"}})
-    assert not exited and "s3cret" in masked and result["msg"] == "count must be a whole number, got an infinite number."
+    assert not exited and "s3cret" in masked and result["msg"] == INFINITE_COUNT
 
 
 def test_ansible_cores_own_checks_still_speak():
@@ -140,4 +162,4 @@ def test_ansible_module_is_the_lower_level_builder():
     exited, result = utils.run_module(Raw, {"name": "a", "count": 50})
     assert exited and result["params"]["count"] == 50  # no table checks: the caller validates
     exited, result = utils.run_module(Raw, {"name": "a", "count": float("inf")})
-    assert not exited and result["msg"] == "count must be a whole number, got an infinite number."
+    assert not exited and result["msg"] == INFINITE_COUNT

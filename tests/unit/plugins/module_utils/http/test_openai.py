@@ -287,6 +287,23 @@ def test_without_ansible_the_stdlib_transport_applies_the_same_options(tls_serve
     assert http.OpenAIClient(srv.url, timeout=5, validate_certs=False).get_text("/metrics") == "secure 1\n"
 
 
+def test_a_request_without_a_context_parameter_uses_the_stdlib_transport(tls_server, monkeypatch):
+    """ansible-core 2.16's Request takes no prepared TLS context (2.17 added it): the urllib transport carries the
+    client's own context, verifying as Request would, and Request is never handed an argument it refuses."""
+    class OldRequest:  # pylint: disable=too-few-public-methods
+        def __init__(self, headers=None, use_proxy=True, timeout=10, validate_certs=True, ca_path=None):
+            raise AssertionError("Request must not be used without a context parameter")
+
+    assert http._takes_context(OldRequest) is False  # pylint: disable=protected-access
+    assert http._takes_context(http.Request) is http.REQUEST_TAKES_CONTEXT  # pylint: disable=protected-access
+    srv, cert = tls_server
+    monkeypatch.setattr(http, "Request", OldRequest)
+    monkeypatch.setattr(http, "REQUEST_TAKES_CONTEXT", False)
+    with pytest.raises(http.OpenAIHTTPError, match="certificate verify failed"):
+        http.OpenAIClient(srv.url, timeout=5).get_text("/metrics")
+    assert http.OpenAIClient(srv.url, timeout=5, ca_path=cert).get_text("/metrics") == "secure 1\n"
+
+
 def test_threads_do_not_share_state(server):
     """One client per thread, as H6's multi-engine check may do: no module-level state is shared."""
     server.routes["/metrics"] = (200, "text/plain", b"up 1\n")
