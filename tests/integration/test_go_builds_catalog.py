@@ -21,7 +21,7 @@ from ansible_collections.inference_cache.substrate.plugins.module_utils.common i
 from ansible_collections.inference_cache.substrate.plugins.module_utils.epp import local
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-KEYS = {"name", "module", "version", "packages", "ldflags", "cgo", "staging_version", "needs", "generate", "remedy"}
+KEYS = {"name", "module", "version", "packages", "ldflags", "cgo", "staging_version", "needs", "generate", "remedy", "outputs"}
 
 
 def _load(name):
@@ -37,7 +37,10 @@ def test_every_entry_is_pinned_and_needs_only_what_comes_before_it():
         assert set(build) <= KEYS and {"name", "module", "version", "packages"} <= set(build), build
         pin = re.match(r"^\{\{ _substrate_pins\.tools\.(\w+) \}\}$", build["version"])
         assert pin and pin.group(1) in tools, build["version"]
-        assert build["packages"] and all("/" not in binary for binary in build["packages"]), build["packages"]
+        # A build names binaries, or generated files only (outputs, written by its generate commands).
+        assert (build["packages"] or (build.get("outputs") and build.get("generate"))), build
+        assert all("/" not in binary for binary in build["packages"]), build["packages"]
+        assert all(not os.path.isabs(path) and ".." not in path.split("/") for path in build.get("outputs", [])), build
         assert all(package.startswith(build["module"]) for package in build["packages"].values()), build["packages"]
         assert set(build.get("needs", [])) <= set(names[:i]), (build["name"], build.get("needs"))
 
