@@ -34,7 +34,7 @@ PROBE = os.path.join(ROOT, ".cache", "bin", "kvcache_probe")
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", maxsplit=1)[0])
     parser.add_argument("--keys", type=int, default=200000)
     parser.add_argument("--pods", default="1,4,10", help="pod entries per key, comma-separated")
     parser.add_argument("--require", action="store_true", help="exit 1 when a row exceeds the router role's bytes per key")

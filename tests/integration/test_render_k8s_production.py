@@ -166,7 +166,7 @@ def _docs(case, role, kind):
 
 
 def _engine(case):
-    (deployment,) = [d for d in _docs(case, "model_server", "Deployment")][:1]
+    deployment = _docs(case, "model_server", "Deployment")[0]
     pod = deployment["spec"]["template"]["spec"]
     (container,) = [c for c in pod["containers"] if c["name"] == "engine"]
     return deployment, pod, container
@@ -334,8 +334,8 @@ def test_the_precise_index_is_capped_and_sizes_the_epp(rendered):
     case = rendered["cases"]["p-gpu-tp4-in-process"]
     producer = [p for p in case["epp_config"]["plugins"] if p["type"] == "precise-prefix-cache-producer"][0]
     assert producer["parameters"]["indexerConfig"]["kvBlockIndexConfig"]["inMemoryConfig"] == {"size": 1000000, "podCacheSize": 10}
-    assert case["router_values"]["router"]["epp"]["resources"] == {"requests": {"cpu": "500m", "memory": "5Gi"},
-                                                                 "limits": {"memory": "10Gi"}}
+    resources = {"requests": {"cpu": "500m", "memory": "5Gi"}, "limits": {"memory": "10Gi"}}
+    assert case["router_values"]["router"]["epp"]["resources"] == resources
 
 
 def test_monitoring_and_the_scraper_admitted(rendered):

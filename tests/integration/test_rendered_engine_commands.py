@@ -24,6 +24,10 @@ What runs, with the engine venv's Python (``~/.cache/inference_cache/local_engin
   command plus ``--enable-scale-out``) started as a local process; it must answer ``/health``, list the served name,
   publish the KV events of a completion under the rendered topic (counted by the verifier's own ``kv_events_check``
   logic, every batch one the EPP v0.9.0's decoder takes) and answer ``/v1/completions/render``.
+* then that engine is stopped as the kubelet stops a pod: SIGTERM to its first process while a streamed completion is
+  in flight. With the rendered ``--shutdown-timeout`` (model_server_shutdown_timeout, 45) the request finishes, every
+  token, and the engine exits; ``test_without_shutdown_timeout_a_request_in_flight_is_aborted`` starts the same command
+  with vLLM 0.32.0's default, 0, and the request is cut short (vllm/v1/engine/core.py ``_handle_shutdown``: abort).
 * ``test_render_sidecar_serves_the_token_producer``: the render sidecar of ``kind-inventory`` (what ``make
   kubernetes`` deploys) started the same way; ``/health`` (the chart's readiness probe) and
   ``POST /v1/completions/render {"model": <modelName>, "prompt": "hello"}`` (the body the v0.9.0 token-producer sends,
@@ -75,6 +79,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -315,6 +320,74 @@ def replace_value(argv, flag, value):
     raise AssertionError("%s is not in %s" % (flag, argv))
 
 
+class Streamed(threading.Thread):
+    """One streamed completion (``ignore_eos``: exactly ``max_tokens`` tokens unless the engine stops it), its chunks timed."""
+
+    def __init__(self, url, model, prompt, max_tokens, signal_at=5):
+        super(Streamed, self).__init__(daemon=True)
+        self.signal_at = signal_at
+        self.body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True,
+                     "stream": True}
+        self.url = url
+        self.times, self.tokens, self.finish_reason, self.error, self.status = [], 0, None, None, None
+        self.first = threading.Event()
+
+    def run(self):
+        req = urllib.request.Request(self.url + "/v1/completions", data=json.dumps(self.body).encode(),
+                                     headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=300) as resp:
+                self.status = resp.status
+                for raw in resp:
+                    line = raw.decode(errors="replace").strip()
+                    if not line.startswith("data: ") or line == "data: [DONE]":
+                        continue
+                    chunk = json.loads(line[6:])
+                    for choice in chunk.get("choices", []):
+                        self.tokens += 1 if choice.get("text") is not None else 0
+                        self.finish_reason = choice.get("finish_reason") or self.finish_reason
+                    self.times.append(time.monotonic())
+                    if self.tokens >= self.signal_at:
+                        self.first.set()
+        except (urllib.error.URLError, OSError, ValueError) as exc:  # a dropped connection, a refused request
+            self.error = "%s: %s" % (type(exc).__name__, exc)
+        finally:
+            self.first.set()
+
+
+def stop_during_a_request(engine, url, served, max_tokens):
+    """SIGTERM to the engine's first process (what the kubelet sends a container's PID 1, after the preStop hook) while a
+    streamed completion is in flight (a tenth of its tokens received); what became of it, and of the engine."""
+    stream = Streamed(url, served, "A request in flight while the pod stops: " + " ".join("w%d" % i for i in range(40)), max_tokens,
+                      signal_at=max(5, max_tokens // 10))
+    stream.start()
+    assert stream.first.wait(120) and stream.tokens >= 5, "no tokens streamed: %s\n%s" % (stream.error, engine.tail())
+    sent = time.monotonic()
+    os.kill(engine.proc.pid, signal.SIGTERM)
+    stream.join(180)
+    try:
+        engine.proc.wait(120)
+    except subprocess.TimeoutExpired:
+        pass
+    exited = time.monotonic()
+    after = [t for t in stream.times if t > sent]
+    return {"tokens": stream.tokens, "max_tokens": max_tokens, "finish_reason": stream.finish_reason, "error": stream.error,
+            "tokens_after_sigterm": len(after), "last_token_after_s": round(after[-1] - sent, 2) if after else None,
+            "exit_after_s": round(exited - sent, 2), "exit_code": engine.proc.poll(),
+            "seconds_before_sigterm": round(sent - stream.times[0], 2) if stream.times else None}
+
+
+def tokens_for(url, served, seconds, most):
+    """max_tokens that take about ``seconds`` on this engine: its decode rate, measured between the first and the last
+    chunk of a streamed completion (prefill and request overhead apart), and at most ``most`` (the context left)."""
+    probe = Streamed(url, served, "rate", 256)
+    probe.start()
+    probe.join(120)
+    assert probe.error is None and probe.tokens == 256 and len(probe.times) > 2, (probe.error, probe.tokens)
+    rate = (len(probe.times) - 1) / max(probe.times[-1] - probe.times[0], 0.01)
+    return int(min(max(rate * seconds, 200), most)), rate
+
+
 def test_vllm_cpu_pod_command_serves(commands, checked, tmp_path):  # pylint: disable=redefined-outer-name
     from ansible_collections.inference_cache.substrate.plugins.module_utils.kv import events_check as kv_check  # pylint: disable=import-outside-toplevel
 
@@ -359,6 +432,43 @@ def test_vllm_cpu_pod_command_serves(commands, checked, tmp_path):  # pylint: di
         status, rendered_tokens = post_json(url + "/v1/completions/render", {"model": served, "prompt": "hello"})
         assert status == 200 and rendered_tokens[0]["token_ids"], (status, rendered_tokens)
         print("engine answered after %.1f s; %d BlockStored under %s" % (start_seconds, facts["counts"]["BlockStored"], topic))
+        # Stopped as the kubelet stops the pod (issue 46): SIGTERM while a request streams. The rendered
+        # --shutdown-timeout lets it finish (vLLM 0.32.0 drains; its default 0 aborts: test_..._without_shutdown_timeout).
+        timeout = int(arg_value(argv, "--shutdown-timeout"))
+        assert timeout == 45, "the pod's drain timeout (model_server_shutdown_timeout)"
+        # Long enough that most of it is generated after the signal, within the pod's context (--max-model-len).
+        max_tokens, rate = tokens_for(url, served, 12, int(arg_value(argv, "--max-model-len")) - 100)
+        stopped = stop_during_a_request(engine, url, served, max_tokens)
+        print("SIGTERM with --shutdown-timeout %d, %d tokens at %.0f tokens/s: %s" % (timeout, max_tokens, rate, stopped))
+        assert stopped["error"] is None and stopped["finish_reason"] == "length", (stopped, engine.tail())
+        assert stopped["tokens"] == max_tokens, stopped
+        # In flight at SIGTERM: most tokens, and for a while, came after it (generated during the drain).
+        assert stopped["tokens_after_sigterm"] > max_tokens // 2 and stopped["last_token_after_s"] > 1.0, stopped
+        assert stopped["exit_code"] is not None and stopped["exit_after_s"] < timeout + 15, (stopped, engine.tail())
+    finally:
+        left = engine.stop()
+    assert not left, "processes left running: %s" % left
+
+
+def test_without_shutdown_timeout_a_request_in_flight_is_aborted(commands, checked, tmp_path):  # pylint: disable=redefined-outer-name
+    """What the rendered --shutdown-timeout guards against: the same pod command with vLLM 0.32.0's default, 0, aborts the
+    request in flight at SIGTERM (vllm/v1/engine/core.py _handle_shutdown: mode abort)."""
+    entry = only(commands["per_case"][STARTED_ENGINE_CASE], "engine-pod")
+    assert checked["by_container"][entry["id"]]["stage"] == "ok", "test_rendered_vllm_commands_are_accepted says why"
+    port = free_port()
+    argv = replace_value(replace_value(replace_value(entry["argv"], "--host", POD_IP), "--port", str(port)), "--shutdown-timeout", "0")
+    kv_config = json.loads(arg_value(argv, "--kv-events-config"))
+    kv_config["endpoint"] = "ipc://%s" % (tmp_path / "kv-events.ipc")
+    argv = replace_value(argv, "--kv-events-config", json.dumps(kv_config, separators=(",", ":")))
+    url = "http://%s:%d" % (POD_IP, port)
+    served = arg_value(entry["argv"], "--served-model-name")
+    engine = Started(argv, local_env(entry, str(tmp_path / "home")), commands["workdir"], str(tmp_path / "engine.log"))
+    try:
+        engine.wait_healthy(url)
+        max_tokens, rate = tokens_for(url, served, 12, int(arg_value(argv, "--max-model-len")) - 100)
+        stopped = stop_during_a_request(engine, url, served, max_tokens)
+        print("SIGTERM with --shutdown-timeout 0, %d tokens at %.0f tokens/s: %s" % (max_tokens, rate, stopped))
+        assert stopped["tokens"] < max_tokens and stopped["finish_reason"] == "abort", (stopped, engine.tail())
     finally:
         left = engine.stop()
     assert not left, "processes left running: %s" % left
