@@ -389,7 +389,12 @@ def _production(cluster, ns):
     variables.update({"router_kubeconfig": cluster["kubeconfig"], "router_kube_context": cluster["context"], "router_impl": "gie",
                       "router_scoring_mode": "approximate", "router_allow_unpinned_images": True, "router_crds_src": GIE_CRDS,
                       "router_epp_leader_election": False, "router_pod_monitor": True, "router_image_pull_secrets": ["regcred"],
-                      "router_wait_timeout": 180, "_test_roles": ["model_server", "router"]})
+                      "router_wait_timeout": 180,
+                      # The verifier's Job with the engines' pull secret, admitted by their NetworkPolicy (its pod is simulated).
+                      "cluster_verify_kubeconfig": cluster["kubeconfig"], "cluster_verify_kube_context": cluster["context"],
+                      "cluster_verify_allow_unpinned_images": True, "cluster_verify_simulated_nodes": "warn",
+                      "cluster_verify_checks": ["kv_events", "prefix_cache"], "cluster_verify_timeout": 120, "cluster_verify_keep_job": True,
+                      "_test_roles": ["model_server", "router", "cluster_verify"]})
     return variables
 
 
@@ -459,9 +464,29 @@ def test_production_objects_run_on_the_api_server(cluster):
         # Monitoring: both PodMonitors applied where the Prometheus Operator's CRDs (generated from its module) are served.
         monitors = custom.list_namespaced_custom_object("monitoring.coreos.com", "v1", ns, "podmonitors")["items"]
         assert sorted(m["metadata"]["name"] for m in monitors) == ["engines", "inference-cache-router-epp"], monitors
+        # The verifier's Job ran (simulated) with the engines' pull secret, under Pod Security restricted.
+        (job_pod,) = core.list_namespaced_pod(ns, label_selector="job-name=kv-events-verifier").items
+        assert [secret.name for secret in job_pod.spec.image_pull_secrets] == ["regcred"], job_pod.spec.image_pull_secrets
     finally:
         for kind, name in reversed(created):
             try:
                 (core.delete_node if kind == "node" else core.delete_persistent_volume)(name)
             except ApiException:
                 pass
+
+
+def test_a_hostpath_model_cache_runs_at_pod_security_privileged(cluster):
+    """A node's folder for the weights: admitted where the namespace enforces privileged (baseline and restricted refuse
+    hostPath volumes: the role refuses it there in one sentence, test_render_k8s_production.py)."""
+    from kubernetes import client  # pylint: disable=import-outside-toplevel
+    ns = "kwok-hostpath"
+    variables = engines(cluster, ns, "engines", model_server_replicas=1, model_server_model_cache_type="hostPath",
+                        model_server_model_cache_host_path="/var/lib/substrate-models", model_server_pod_security_level="privileged",
+                        model_server_pod_monitor=False)
+    code, output, counts = run_role(cluster["tmp"], "model_server", **variables)
+    assert code == 0 and counts["changed"] > 0, output[-4000:]
+    assert client.CoreV1Api(cluster["api"]).read_namespace(ns).metadata.labels["pod-security.kubernetes.io/enforce"] == "privileged"
+    dep = deployment(cluster, ns, "engines")
+    assert dep.status.ready_replicas == 1
+    (data,) = [v for v in dep.spec.template.spec.volumes if v.name == "data"]
+    assert data.host_path.path == "/var/lib/substrate-models" and data.host_path.type == "DirectoryOrCreate"
