@@ -312,7 +312,8 @@ def test_without_go_a_missing_build_is_one_sentence(tmp_path):
     code, output, unused_counts = run_role(tmp_path, kwok_cluster_state_dir=str(tmp_path / "state"),
                                            kwok_cluster_go_binary=str(tmp_path / "no-such-go"))
     assert code != 0
-    assert "kwok_cluster builds kubernetes, etcd, kwok, helm, controller-gen, gie from the Go module proxy and needs Go 1.24 or later" in \
+    assert ("kwok_cluster builds kubernetes, etcd, kwok, helm, controller-gen, gie, prometheus-operator-crds from the Go module proxy "
+            "and needs Go 1.24 or later") in \
         " ".join(output.split())
     assert "as %s (not found): install Go" % (tmp_path / "no-such-go") in " ".join(output.split())
     assert "Traceback" not in output and not (tmp_path / "state" / "clusters").exists()
