@@ -31,6 +31,7 @@ import shutil
 import subprocess
 import sys
 import threading
+import time
 
 import pytest
 import yaml
@@ -451,8 +452,14 @@ def test_production_objects_run_on_the_api_server(cluster):
         assert claim.status.phase == "Bound" and claim.spec.access_modes == ["ReadWriteMany"], claim.status
         assert [v.persistent_volume_claim.claim_name for v in spec.volumes if v.name == "data"] == ["engines-model-cache"]
         assert scheduling.read_priority_class("substrate-engines").value == 100000
-        budget = policy.read_namespaced_pod_disruption_budget("engines", ns)
-        assert budget.spec.max_unavailable == 1 and budget.status.expected_pods == 2
+        # The disruption controller counts the budget's pods (asynchronously, within seconds).
+        deadline = time.monotonic() + 60
+        while True:
+            budget = policy.read_namespaced_pod_disruption_budget("engines", ns)
+            if (budget.status.expected_pods, budget.status.current_healthy) == (2, 2) or time.monotonic() > deadline:
+                break
+            time.sleep(1)
+        assert budget.spec.max_unavailable == 1 and budget.status.expected_pods == 2 and budget.status.disruptions_allowed == 1, budget.status
 
         # The router: two active-active GIE EPP replicas Ready, their PDB, the restricted securityContext admitted.
         epp = deployment(cluster, ns, "inference-cache-router-epp")
