@@ -24,9 +24,9 @@ What runs, with the engine venv's Python (``~/.cache/inference_cache/local_engin
   command plus ``--enable-scale-out``) started as a local process; it must answer ``/health``, list the served name,
   publish the KV events of a completion under the rendered topic (counted by the verifier's own ``kv_events_check``
   logic, every batch one the EPP v0.9.0's decoder takes) and answer ``/v1/completions/render``.
-* then that engine is stopped as the kubelet stops a pod: SIGTERM to its first process while a streamed completion is
-  in flight. With the rendered ``--shutdown-timeout`` (model_server_shutdown_timeout, 45) the request finishes, every
-  token, and the engine exits; ``test_without_shutdown_timeout_a_request_in_flight_is_aborted`` starts the same command
+* then that engine is stopped as the kubelet stops a pod: SIGTERM to its first process a second after the engine reports
+  a long completion running (``vllm:num_requests_running``). With the rendered ``--shutdown-timeout``
+  (model_server_shutdown_timeout, 45) the request finishes, every token, seconds after the signal, and the engine exits; ``test_without_shutdown_timeout_a_request_in_flight_is_aborted`` starts the same command
   with vLLM 0.32.0's default, 0, and the request is cut short (vllm/v1/engine/core.py ``_handle_shutdown``: abort).
 * ``test_render_sidecar_serves_the_token_producer``: the render sidecar of ``kind-inventory`` (what ``make
   kubernetes`` deploys) started the same way; ``/health`` (the chart's readiness probe) and
@@ -320,72 +320,73 @@ def replace_value(argv, flag, value):
     raise AssertionError("%s is not in %s" % (flag, argv))
 
 
-class Streamed(threading.Thread):
-    """One streamed completion (``ignore_eos``: exactly ``max_tokens`` tokens unless the engine stops it), its chunks timed."""
+class Completion(threading.Thread):
+    """One completion (``ignore_eos``: exactly ``max_tokens`` tokens unless the engine stops it), answered as a whole."""
 
-    def __init__(self, url, model, prompt, max_tokens, signal_at=5):
-        super(Streamed, self).__init__(daemon=True)
-        self.signal_at = signal_at
-        self.body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True,
-                     "stream": True}
-        self.url = url
-        self.times, self.tokens, self.finish_reason, self.error, self.status = [], 0, None, None, None
-        self.first = threading.Event()
+    def __init__(self, url, model, prompt, max_tokens):
+        super(Completion, self).__init__(daemon=True)
+        self.url, self.max_tokens = url, max_tokens
+        self.body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True}
+        self.status, self.answer, self.error, self.done = None, None, None, None
 
     def run(self):
-        req = urllib.request.Request(self.url + "/v1/completions", data=json.dumps(self.body).encode(),
-                                     headers={"Content-Type": "application/json"})
         try:
-            with urllib.request.urlopen(req, timeout=300) as resp:
-                self.status = resp.status
-                for raw in resp:
-                    line = raw.decode(errors="replace").strip()
-                    if not line.startswith("data: ") or line == "data: [DONE]":
-                        continue
-                    chunk = json.loads(line[6:])
-                    for choice in chunk.get("choices", []):
-                        self.tokens += 1 if choice.get("text") is not None else 0
-                        self.finish_reason = choice.get("finish_reason") or self.finish_reason
-                    self.times.append(time.monotonic())
-                    if self.tokens >= self.signal_at:
-                        self.first.set()
-        except (urllib.error.URLError, OSError, ValueError) as exc:  # a dropped connection, a refused request
+            self.status, self.answer = post_json(self.url + "/v1/completions", self.body, timeout=300)
+        except (urllib.error.URLError, OSError, ValueError) as exc:  # a dropped connection
             self.error = "%s: %s" % (type(exc).__name__, exc)
-        finally:
-            self.first.set()
+        self.done = time.monotonic()
+
+
+def requests_running(url):
+    """vllm:num_requests_running of the engine's /metrics (None where it does not answer)."""
+    try:
+        with urllib.request.urlopen(url + "/metrics", timeout=5) as resp:
+            text = resp.read().decode(errors="replace")
+    except (urllib.error.URLError, OSError):
+        return None
+    values = [float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith("vllm:num_requests_running")]
+    return sum(values) if values else None
+
+
+def decode_rate(url, served):
+    """Tokens per second of this engine for one sequence, from two completions (64 and 576 tokens: prefill and request
+    overhead cancel out)."""
+    took = []
+    for tokens in (64, 576):
+        started = time.monotonic()
+        status, body = post_json(url + "/v1/completions", {"model": served, "prompt": "rate", "max_tokens": tokens, "temperature": 0,
+                                                           "ignore_eos": True})
+        assert status == 200, body
+        took.append(time.monotonic() - started)
+    return 512 / max(took[1] - took[0], 0.01)
 
 
 def stop_during_a_request(engine, url, served, max_tokens):
-    """SIGTERM to the engine's first process (what the kubelet sends a container's PID 1, after the preStop hook) while a
-    streamed completion is in flight (a tenth of its tokens received); what became of it, and of the engine."""
-    stream = Streamed(url, served, "A request in flight while the pod stops: " + " ".join("w%d" % i for i in range(40)), max_tokens,
-                      signal_at=max(5, max_tokens // 10))
-    stream.start()
-    assert stream.first.wait(120) and stream.tokens >= 5, "no tokens streamed: %s\n%s" % (stream.error, engine.tail())
+    """SIGTERM to the engine's first process (what the kubelet sends a container's PID 1, after the preStop hook) one second
+    after the engine reports the request running (vllm:num_requests_running); what became of it, and of the engine."""
+    request = Completion(url, served, "A request in flight while the pod stops: " + " ".join("w%d" % i for i in range(40)), max_tokens)
+    request.start()
+    deadline = time.monotonic() + 60
+    while not requests_running(url) and time.monotonic() < deadline and request.done is None:
+        time.sleep(0.1)
+    assert request.done is None and requests_running(url), "the request never ran: %s %s\n%s" % (request.status, request.error, engine.tail())
+    time.sleep(1.0)
+    assert request.done is None, "the request was over before the signal: make it longer"
     sent = time.monotonic()
     os.kill(engine.proc.pid, signal.SIGTERM)
-    stream.join(180)
+    request.join(180)
     try:
         engine.proc.wait(120)
     except subprocess.TimeoutExpired:
         pass
     exited = time.monotonic()
-    after = [t for t in stream.times if t > sent]
-    return {"tokens": stream.tokens, "max_tokens": max_tokens, "finish_reason": stream.finish_reason, "error": stream.error,
-            "tokens_after_sigterm": len(after), "last_token_after_s": round(after[-1] - sent, 2) if after else None,
+    choice = ((request.answer or {}).get("choices") or [{}])[0] if isinstance(request.answer, dict) else {}
+    usage = (request.answer or {}).get("usage") or {} if isinstance(request.answer, dict) else {}
+    return {"status": request.status, "error": request.error, "finish_reason": choice.get("finish_reason"),
+            "completion_tokens": usage.get("completion_tokens"), "max_tokens": max_tokens,
+            "answered_after_s": round(request.done - sent, 2) if request.done else None,
             "exit_after_s": round(exited - sent, 2), "exit_code": engine.proc.poll(),
-            "seconds_before_sigterm": round(sent - stream.times[0], 2) if stream.times else None}
-
-
-def tokens_for(url, served, seconds, most):
-    """max_tokens that take about ``seconds`` on this engine: its decode rate, measured between the first and the last
-    chunk of a streamed completion (prefill and request overhead apart), and at most ``most`` (the context left)."""
-    probe = Streamed(url, served, "rate", 256)
-    probe.start()
-    probe.join(120)
-    assert probe.error is None and probe.tokens == 256 and len(probe.times) > 2, (probe.error, probe.tokens)
-    rate = (len(probe.times) - 1) / max(probe.times[-1] - probe.times[0], 0.01)
-    return int(min(max(rate * seconds, 200), most)), rate
+            "answer": None if isinstance(request.answer, dict) else str(request.answer)[:300]}
 
 
 def test_vllm_cpu_pod_command_serves(commands, checked, tmp_path):  # pylint: disable=redefined-outer-name
@@ -436,14 +437,15 @@ def test_vllm_cpu_pod_command_serves(commands, checked, tmp_path):  # pylint: di
         # --shutdown-timeout lets it finish (vLLM 0.32.0 drains; its default 0 aborts: test_..._without_shutdown_timeout).
         timeout = int(arg_value(argv, "--shutdown-timeout"))
         assert timeout == 45, "the pod's drain timeout (model_server_shutdown_timeout)"
-        # Long enough that most of it is generated after the signal, within the pod's context (--max-model-len).
-        max_tokens, rate = tokens_for(url, served, 12, int(arg_value(argv, "--max-model-len")) - 100)
+        # As long as the pod's context allows (--max-model-len), so that it still runs well after the signal.
+        max_tokens = int(arg_value(argv, "--max-model-len")) - 100
+        rate = decode_rate(url, served)
         stopped = stop_during_a_request(engine, url, served, max_tokens)
         print("SIGTERM with --shutdown-timeout %d, %d tokens at %.0f tokens/s: %s" % (timeout, max_tokens, rate, stopped))
-        assert stopped["error"] is None and stopped["finish_reason"] == "length", (stopped, engine.tail())
-        assert stopped["tokens"] == max_tokens, stopped
-        # In flight at SIGTERM: most tokens, and for a while, came after it (generated during the drain).
-        assert stopped["tokens_after_sigterm"] > max_tokens // 2 and stopped["last_token_after_s"] > 1.0, stopped
+        assert stopped["status"] == 200 and stopped["finish_reason"] == "length", (stopped, engine.tail())
+        assert stopped["completion_tokens"] == max_tokens, stopped
+        # In flight at SIGTERM: the whole answer came more than a second after it (generated during the drain).
+        assert stopped["answered_after_s"] > 1.0, stopped
         assert stopped["exit_code"] is not None and stopped["exit_after_s"] < timeout + 15, (stopped, engine.tail())
     finally:
         left = engine.stop()
@@ -465,10 +467,14 @@ def test_without_shutdown_timeout_a_request_in_flight_is_aborted(commands, check
     engine = Started(argv, local_env(entry, str(tmp_path / "home")), commands["workdir"], str(tmp_path / "engine.log"))
     try:
         engine.wait_healthy(url)
-        max_tokens, rate = tokens_for(url, served, 12, int(arg_value(argv, "--max-model-len")) - 100)
+        max_tokens = int(arg_value(argv, "--max-model-len")) - 100
+        rate = decode_rate(url, served)
         stopped = stop_during_a_request(engine, url, served, max_tokens)
         print("SIGTERM with --shutdown-timeout 0, %d tokens at %.0f tokens/s: %s" % (max_tokens, rate, stopped))
-        assert stopped["tokens"] < max_tokens and stopped["finish_reason"] == "abort", (stopped, engine.tail())
+        # Cut short: an aborted answer (finish_reason abort, fewer tokens), or none at all.
+        assert not (stopped["status"] == 200 and stopped["finish_reason"] == "length"), (stopped, engine.tail())
+        assert stopped["finish_reason"] == "abort" or stopped["status"] != 200 or stopped["error"], stopped
+        assert (stopped["completion_tokens"] or 0) < max_tokens, stopped
     finally:
         left = engine.stop()
     assert not left, "processes left running: %s" % left
