@@ -46,7 +46,7 @@ gie-epp: setup  ## Build the Gateway API Inference Extension's EPP and its Infer
 	$(BIN)/ansible-playbook playbooks/go_build.yml
 
 go-build: setup  ## Build every Go program the tests run (kwok cluster, helm, the GIE EPP and its CRDs), once per version
-	$(BIN)/ansible-playbook playbooks/go_build.yml -e '{"go_builds_names": ["kubernetes", "etcd", "kwok", "helm", "gie"]}'
+	$(BIN)/ansible-playbook playbooks/go_build.yml -e '{"go_builds_names": ["kubernetes", "etcd", "kwok", "helm", "gie", "prometheus-operator-crds"]}'
 
 kwok-teardown: setup  ## Stop the kwok cluster and remove its data (the built binaries stay)
 	$(BIN)/ansible-playbook -i inventories/kwok playbooks/teardown.yml

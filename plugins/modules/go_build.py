@@ -45,9 +45,17 @@ options:
     type: str
     required: true
   packages:
-    description: Mapping of binary names to the package paths built into them.
+    description:
+      - Mapping of binary names to the package paths built into them. It may be empty when O(outputs) names what the
+        O(generate) commands write (a build of generated files only, such as CRDs from a module's API types).
     type: dict
     required: true
+  outputs:
+    description:
+      - Files (paths under O(dest)) the O(generate) commands write; with the binaries, they tell that the build exists.
+    type: list
+    elements: str
+    default: []
   dest:
     description: The folder the binaries go into (built in C(<dest>.partial), then renamed).
     type: path
@@ -151,8 +159,6 @@ from ansible_collections.inference_cache.substrate.plugins.module_utils.go.build
 
 
 def _packages_problem(packages, name):
-    if not packages:
-        return "%s must name at least one binary." % name
     bad = [key for key, value in packages.items() if not key or "/" in key or not isinstance(value, str) or not value]
     return "%s maps binary names (no /) to package paths; fix %s." % (name, ", ".join(map(str, bad))) if bad else None
 
@@ -169,6 +175,7 @@ OPTIONS = dict(
     cgo=dict(type="bool", default=True),
     staging_version=dict(type="str", default=""),
     generate=dict(type="list", elements="list", default=[]),
+    outputs=dict(type="list", elements="str", default=[]),
     go_binary=dict(type="str", default="go"),
     min_go_version=dict(type="str", default="1.24"),
     environment=dict(type="dict", default={}),

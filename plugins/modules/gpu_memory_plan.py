@@ -200,6 +200,14 @@ gpu:
   returned: always
   type: str
   sample: H200
+gpu_product_labels:
+  description:
+    - The values GPU feature discovery gives that product in the node label C(nvidia.com/gpu.product) (whole and
+      time-sliced GPUs); empty when no product is known. A node affinity on them keeps the engines on that card.
+  returned: always
+  type: list
+  elements: str
+  sample: [NVIDIA-H200, NVIDIA-H200-SHARED]
 gpu_memory_bytes:
   description: The memory of one GPU the plan used, as CUDA reports it.
   returned: always

@@ -190,7 +190,8 @@ GIE_CASES = {
     # GKE Inference Gateway: its policies; plain gRPC ext_proc and the EPP's /metrics behind a token (with the ClusterRole
     # that lets the EPP check tokens); its proxies, outside the cluster, admitted to ext_proc by their address range.
     "gie-gpu-gke": gie_case("vllm_lmcache", router_chart="gateway", router_gateway_provider="gke", router_epp_secure_serving=False,
-                            router_epp_metrics_auth=True, kind_cluster_mode="nvkind", router_ext_proc_source_cidrs=["10.129.0.0/23"]),
+                            router_epp_metrics_auth=True, kind_cluster_mode="nvkind", router_ext_proc_source_cidrs=["10.129.0.0/23"],
+                            model_server_http_source_cidrs=["10.129.0.0/23"]),
     # kgateway (or any Gateway that needs no provider objects): the HTTPRoute only.
     "gie-kgateway": gie_case(router_chart="gateway"),
     # A mirror of the pinned image (parts), other weights, extra values that reach the templates.

@@ -96,7 +96,7 @@ def go_builds(names, env=None):
     that needs a Go build gets it: what is built is left alone, what is missing is built once, and a build another run
     holds the lock of (make test's builds lane, `make go-build`) is waited on, not looked for too early."""
     env = env or dict(os.environ, ANSIBLE_FORCE_COLOR="0", ANSIBLE_NOCOLOR="1")
-    return playbook("playbooks/go_build.yml", "-e", json.dumps({"kwok_cluster_builds": names}), timeout=GO_BUILD_TIMEOUT, env=env)
+    return playbook("playbooks/go_build.yml", "-e", json.dumps({"go_builds_names": names}), timeout=GO_BUILD_TIMEOUT, env=env)
 
 
 def epp_under_test():

@@ -22,7 +22,7 @@ from ansible_collections.inference_cache.substrate.plugins.module_utils.common i
 from ansible_collections.inference_cache.substrate.plugins.module_utils.epp import local
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-KEYS = {"name", "module", "version", "packages", "ldflags", "cgo", "staging_version", "needs", "generate", "remedy", "source"}
+KEYS = {"name", "module", "version", "packages", "ldflags", "cgo", "staging_version", "needs", "generate", "remedy", "source", "outputs"}
 
 
 def _load(name):
@@ -38,7 +38,10 @@ def test_every_entry_is_pinned_and_needs_only_what_comes_before_it():
         assert set(build) <= KEYS and {"name", "module", "version", "packages"} <= set(build), build
         pin = re.match(r"^\{\{ _substrate_pins\.(tools|software)\.(\w+) \}\}$", build["version"])
         assert pin and pin.group(2) in pins[pin.group(1)], build["version"]
-        assert build["packages"] and all("/" not in binary for binary in build["packages"]), build["packages"]
+        # A build names binaries, or generated files only (outputs, written by its generate commands).
+        assert (build["packages"] or (build.get("outputs") and build.get("generate"))), build
+        assert all("/" not in binary for binary in build["packages"]), build["packages"]
+        assert all(not os.path.isabs(path) and ".." not in path.split("/") for path in build.get("outputs", [])), build
         if "source" in build:   # a program of the collection's own, built in its folder (its go.mod names its module)
             assert os.path.isfile(os.path.join(ROOT, build["source"], "go.mod")), build["source"]
         else:

@@ -152,7 +152,8 @@ ENGINES = {"namespace": "inference-cache", "engine_type": "vllm", "model": "Qwen
            "http_port": 8000, "service": "model-server", "kv_events_service": "model-server-kv",
            "selector": {"app.kubernetes.io/name": "model-server"}, "topic": "kv@$(POD_IP):8000@Qwen/Qwen3-0.6B", "block_size": 32,
            "hash_seed": "42", "kv_events_enabled": True, "kv_events_binds": True, "kv_events_port": 5557, "network_policy": True,
-           "kv_events_allowed_peers": [{"labels": {"llm-d-router-gateway": "inference-cache-router-epp"}}], "replicas": 1,
+           "kv_events_allowed_peers": [{"labels": {"llm-d-router-gateway": "inference-cache-router-epp"}},
+                                       {"labels": {"app.kubernetes.io/component": "kv-events-verifier"}}], "replicas": 1,
            "image": "docker.io/vllm/vllm-openai-cpu:v0.32.0"}
 # A kv_subscriber unlike the contract's own kv_events_port, topic and block_size: the Job must follow it.
 SUBSCRIBER = {"endpoint": "tcp://model-server-kv.inference-cache.svc.cluster.local:6000", "socket_mode": "connect",

@@ -313,7 +313,8 @@ def test_without_go_a_missing_build_is_one_sentence(tmp_path):
                                            go_builds_state_dir=str(tmp_path / "builds"),
                                            go_builds_go_binary=str(tmp_path / "no-such-go"))
     assert code != 0
-    assert "go_builds builds kubernetes, etcd, kwok, helm, controller-gen, gie from the Go module proxy and needs Go 1.24 or later" in \
+    assert ("go_builds builds kubernetes, etcd, kwok, helm, controller-gen, gie, prometheus-operator-crds from the Go module proxy "
+            "and needs Go 1.24 or later") in \
         " ".join(output.split())
     assert "as %s (not found): install Go" % (tmp_path / "no-such-go") in " ".join(output.split())
     assert "Traceback" not in output and not (tmp_path / "state" / "clusters").exists()

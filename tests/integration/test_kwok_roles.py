@@ -31,6 +31,7 @@ import shutil
 import subprocess
 import sys
 import threading
+import time
 
 import pytest
 import yaml
@@ -46,6 +47,10 @@ with open(os.path.join(ROOT, "vars", "pinned_versions.yml")) as _handle:
     TOOLS = yaml.safe_load(_handle)["tools"]
 # The builds a running cluster needs (roles/kwok_cluster: bin/<build>-<version>/).
 BUILDS = {"kubernetes": ["kube-apiserver", "kube-controller-manager", "kube-scheduler"], "etcd": ["etcd"], "kwok": ["kwok"]}
+# Built with them for the production objects' test: the InferencePool CRDs (gie) and the Prometheus Operator's monitoring
+# CRDs, which kwok_cluster applies (make test's go-build stage builds both beside the tests).
+CRD_BUILDS = ["gie", "prometheus-operator-crds"]
+GIE_CRDS = os.path.join(STATE_DIR, "bin", "gie-%s" % TOOLS["gateway_api_inference_extension"], "inferencepool-crds.yaml")
 OTHER_MANAGER = "hpa-test"
 PLAYBOOK = """
 - hosts: localhost
@@ -53,7 +58,10 @@ PLAYBOOK = """
   tasks:
     - name: The role under test
       ansible.builtin.include_role:
-        name: "inference_cache.substrate.{{ _test_role }}"
+        name: "inference_cache.substrate.{{ _test_role_name }}"
+      loop: "{{ _test_roles | default([_test_role]) }}"
+      loop_control:
+        loop_var: _test_role_name
 """
 
 
@@ -91,7 +99,7 @@ def run_role(tmp_path, role, *extra_args, **variables):
 
 
 def _kwok(tmp_path, **extra):
-    variables = dict(PORTS, kwok_cluster_name=NAME, kwok_cluster_builds=sorted(BUILDS), kwok_cluster_build_helm=False)
+    variables = dict(PORTS, kwok_cluster_name=NAME, kwok_cluster_builds=sorted(BUILDS) + CRD_BUILDS, kwok_cluster_build_helm=False)
     variables.update(extra)
     return run_role(tmp_path, "kwok_cluster", **variables)
 
@@ -361,3 +369,131 @@ def test_the_plan_reads_gpu_feature_discoverys_memory_label(cluster):
     finally:
         for name in created:
             nodes.delete_node(name)
+
+
+# The Kubernetes path as a team runs it in production (issue 46), on the API server: every object and field the roles
+# render, applied, admitted (Pod Security restricted enforced, the PriorityClass, the claim bound, the PodMonitors'
+# CRDs served) and the Deployments Ready, placed by the scheduler on the node of the GPU product planned for.
+H100_NODE = {"name": "kwok-h100-0", "labels": {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3", "nvidia.com/gpu.present": "true"},
+             "capacity": {"cpu": "64", "memory": "512Gi", "pods": "110", "nvidia.com/gpu": "8", "ephemeral-storage": "1Ti"}}
+QWEN3_8B = {"num_hidden_layers": 36, "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128, "hidden_size": 4096,
+            "intermediate_size": 12288, "vocab_size": 151936, "torch_dtype": "bfloat16"}
+
+
+def _production(cluster, ns):
+    variables = engines(cluster, ns, "engines", model_server_profile="vllm_lmcache", model_server_tensor_parallel_size=2,
+                        model_server_lmcache_mode="in_process", model_server_lmcache_max_local_cpu_size=8,
+                        model_server_sizing={"parameters": "8.2B", "gpu": "H100-80GB", "model_config": QWEN3_8B},
+                        model_server_model_cache_type="pvc", model_server_model_cache_storage_class="kwok-static",
+                        model_server_image_pull_secrets=["regcred"], model_server_priority_class_name="substrate-engines",
+                        model_server_priority_class_value=100000, model_server_pod_monitor=True)
+    variables.update({"router_kubeconfig": cluster["kubeconfig"], "router_kube_context": cluster["context"], "router_impl": "gie",
+                      "router_scoring_mode": "approximate", "router_allow_unpinned_images": True, "router_crds_src": GIE_CRDS,
+                      "router_epp_leader_election": False, "router_pod_monitor": True, "router_image_pull_secrets": ["regcred"],
+                      "router_wait_timeout": 180,
+                      # The verifier's Job with the engines' pull secret, admitted by their NetworkPolicy (its pod is simulated).
+                      "cluster_verify_kubeconfig": cluster["kubeconfig"], "cluster_verify_kube_context": cluster["context"],
+                      "cluster_verify_allow_unpinned_images": True, "cluster_verify_simulated_nodes": "warn",
+                      "cluster_verify_checks": ["kv_events", "prefix_cache"], "cluster_verify_timeout": 120, "cluster_verify_keep_job": True,
+                      "_test_roles": ["model_server", "router", "cluster_verify"]})
+    return variables
+
+
+def test_production_objects_run_on_the_api_server(cluster):
+    from kubernetes import client  # pylint: disable=import-outside-toplevel
+    from kubernetes.client.rest import ApiException  # pylint: disable=import-outside-toplevel
+    core, apps, policy = client.CoreV1Api(cluster["api"]), _apps(cluster), client.PolicyV1Api(cluster["api"])
+    custom, scheduling = client.CustomObjectsApi(cluster["api"]), client.SchedulingV1Api(cluster["api"])
+    ns = "kwok-production"
+    metadata = {"name": H100_NODE["name"], "labels": H100_NODE["labels"], "annotations": {"kwok.x-k8s.io/node": "fake"}}
+    node = {"apiVersion": "v1", "kind": "Node", "metadata": metadata,
+            "status": {"capacity": H100_NODE["capacity"], "allocatable": H100_NODE["capacity"]}}
+    # What a cluster's provisioner would give the claim the role creates: a volume of the claim's class to bind.
+    volume = {"apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": "kwok-static-models"},
+              "spec": {"capacity": {"storage": "100Gi"}, "accessModes": ["ReadWriteMany"], "storageClassName": "kwok-static",
+                       "persistentVolumeReclaimPolicy": "Retain", "hostPath": {"path": "/var/lib/kwok-models"}}}
+    created = []
+    try:
+        core.create_node(node)
+        created.append(("node", H100_NODE["name"]))
+        core.create_persistent_volume(volume)
+        created.append(("pv", "kwok-static-models"))
+        variables = _production(cluster, ns)   # model_server, then router (router_impl gie, its CRDs generated)
+        code, output, counts = run_role(cluster["tmp"], "model_server", **variables)
+        assert code == 0 and counts["changed"] > 0, output[-6000:]
+        code, output, counts = run_role(cluster["tmp"], "model_server", **variables)
+        assert code == 0 and counts["changed"] == 0, "a second run changes nothing: %s\n%s" % (counts, output[-4000:])
+
+        # Pod Security: the namespace enforces restricted (router_impl gie), and every pod the roles run passed it.
+        labels = core.read_namespace(ns).metadata.labels
+        assert labels["pod-security.kubernetes.io/enforce"] == "restricted", labels
+        bare = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "not-restricted"},
+                "spec": {"containers": [{"name": "c", "image": "busybox"}]}}
+        with pytest.raises(ApiException) as refused:
+            core.create_namespaced_pod(ns, bare)
+        reason = json.loads(refused.value.body)["message"]
+        assert refused.value.status == 403 and 'violates PodSecurity "restricted:' in reason, reason
+
+        # The engines: Ready, on the H100 node (the GPU product affinity), the claim bound, preStop, grace, sizing.
+        dep = deployment(cluster, ns, "engines")
+        assert dep.status.ready_replicas == 2, dep.status
+        pods = core.list_namespaced_pod(ns, label_selector="app.kubernetes.io/name=engines").items
+        assert sorted(p.spec.node_name for p in pods) == [H100_NODE["name"]] * 2 and all(p.status.phase == "Running" for p in pods)
+        spec = pods[0].spec
+        engine = [c for c in spec.containers if c.name == "engine"][0]
+        assert spec.termination_grace_period_seconds == 75 and engine.lifecycle.pre_stop.sleep.seconds == 15
+        assert engine.args[engine.args.index("--shutdown-timeout") + 1] == "45"
+        assert engine.resources.requests == {"cpu": "8", "memory": "40Gi", "nvidia.com/gpu": "2"}
+        assert engine.resources.limits == {"memory": "92Gi", "nvidia.com/gpu": "2"}
+        assert spec.priority_class_name == "substrate-engines" and spec.priority == 100000
+        assert [s.name for s in spec.image_pull_secrets] == ["regcred"]
+        assert spec.topology_spread_constraints[0].topology_key == "kubernetes.io/hostname"
+        claim = core.read_namespaced_persistent_volume_claim("engines-model-cache", ns)
+        assert claim.status.phase == "Bound" and claim.spec.access_modes == ["ReadWriteMany"], claim.status
+        assert [v.persistent_volume_claim.claim_name for v in spec.volumes if v.name == "data"] == ["engines-model-cache"]
+        assert scheduling.read_priority_class("substrate-engines").value == 100000
+        # The disruption controller counts the budget's pods (asynchronously, within seconds).
+        deadline = time.monotonic() + 60
+        while True:
+            budget = policy.read_namespaced_pod_disruption_budget("engines", ns)
+            if (budget.status.expected_pods, budget.status.current_healthy) == (2, 2) or time.monotonic() > deadline:
+                break
+            time.sleep(1)
+        assert budget.spec.max_unavailable == 1 and budget.status.expected_pods == 2 and budget.status.disruptions_allowed == 1, budget.status
+
+        # The router: two active-active GIE EPP replicas Ready, their PDB, the restricted securityContext admitted.
+        epp = deployment(cluster, ns, "inference-cache-router-epp")
+        assert epp.spec.replicas == 2 and epp.status.ready_replicas == 2, epp.status
+        assert "--ha-enable-leader-election" not in epp.spec.template.spec.containers[0].args
+        assert epp.spec.template.spec.security_context.run_as_non_root is True
+        assert policy.read_namespaced_pod_disruption_budget("inference-cache-router-epp", ns).spec.max_unavailable == 1
+
+        # Monitoring: both PodMonitors applied where the Prometheus Operator's CRDs (generated from its module) are served.
+        monitors = custom.list_namespaced_custom_object("monitoring.coreos.com", "v1", ns, "podmonitors")["items"]
+        assert sorted(m["metadata"]["name"] for m in monitors) == ["engines", "inference-cache-router-epp"], monitors
+        # The verifier's Job ran (simulated) with the engines' pull secret, under Pod Security restricted.
+        (job_pod,) = core.list_namespaced_pod(ns, label_selector="job-name=kv-events-verifier").items
+        assert [secret.name for secret in job_pod.spec.image_pull_secrets] == ["regcred"], job_pod.spec.image_pull_secrets
+    finally:
+        for kind, name in reversed(created):
+            try:
+                (core.delete_node if kind == "node" else core.delete_persistent_volume)(name)
+            except ApiException:
+                pass
+
+
+def test_a_hostpath_model_cache_runs_at_pod_security_privileged(cluster):
+    """A node's folder for the weights: admitted where the namespace enforces privileged (baseline and restricted refuse
+    hostPath volumes: the role refuses it there in one sentence, test_render_k8s_production.py)."""
+    from kubernetes import client  # pylint: disable=import-outside-toplevel
+    ns = "kwok-hostpath"
+    variables = engines(cluster, ns, "engines", model_server_replicas=1, model_server_model_cache_type="hostPath",
+                        model_server_model_cache_host_path="/var/lib/substrate-models", model_server_pod_security_level="privileged",
+                        model_server_pod_monitor=False)
+    code, output, counts = run_role(cluster["tmp"], "model_server", **variables)
+    assert code == 0 and counts["changed"] > 0, output[-4000:]
+    assert client.CoreV1Api(cluster["api"]).read_namespace(ns).metadata.labels["pod-security.kubernetes.io/enforce"] == "privileged"
+    dep = deployment(cluster, ns, "engines")
+    assert dep.status.ready_replicas == 1
+    (data,) = [v for v in dep.spec.template.spec.volumes if v.name == "data"]
+    assert data.host_path.path == "/var/lib/substrate-models" and data.host_path.type == "DirectoryOrCreate"

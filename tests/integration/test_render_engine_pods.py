@@ -70,7 +70,9 @@ CASES = {
     "f36-lmcache-mp-custom": R.case("vllm_lmcache", "precise", "ClusterIP", model_server_lmcache_server_port=6555,
                                     model_server_lmcache_server_http_port=6556, model_server_lmcache_chunk_size=64,
                                     model_server_lmcache_transfer_mode="lmcache_driven", model_server_lmcache_max_local_cpu_size=2.5,
-                                    model_server_lmcache_server_env={"LMCACHE_LOG_LEVEL": "DEBUG"}),
+                                    model_server_lmcache_server_env={"LMCACHE_LOG_LEVEL": "DEBUG"},
+                                    # No PodMonitor: the server's HTTP port (its metrics) stays on the pod's 127.0.0.1.
+                                    model_server_pod_monitor=False),
     "f36-chart": R.case("vllm_lmcache", "precise", "ClusterIP", model_server_chart_ref="/srv/charts/vllm-stack-0.1.12.tgz",
                         model_server_hash_seed="123", model_server_hf_token_secret="hf-secret", model_server_node_selector={"gpu": "h200"}),
 }
@@ -330,11 +332,14 @@ def test_decode_pods_advertise_a_reachable_metrics_port(rendered, name):
     assert FACTS["pd_sidecar_proxies_other_paths"]["value"] is True, "the decode pod's HTTP port serves vLLM's /metrics"
     case = rendered[name]
     policy = [d for d in case["docs"] if d["kind"] == "NetworkPolicy"][0]
-    open_to_all = [p["port"] for r in policy["spec"]["ingress"] if "from" not in r for p in r["ports"]]
+    # Open to every source, or to the scraper (model_server_metrics_allowed_peers: the kube-prometheus-stack's Prometheus).
+    scraper = {"podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}},
+               "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}
+    reachable = [p["port"] for r in policy["spec"]["ingress"] if "from" not in r or scraper in r["from"] for p in r["ports"]]
     for dep in deployments(case):
         template = dep["spec"]["template"]
         port = int(template["metadata"]["annotations"]["prometheus.io/port"])
-        assert port in open_to_all, "%s: prometheus.io/port %s is blocked by the NetworkPolicy" % (dep["metadata"]["name"], port)
+        assert port in reachable, "%s: prometheus.io/port %s is blocked by the NetworkPolicy" % (dep["metadata"]["name"], port)
         served = [p["containerPort"] for c in template["spec"].get("initContainers", []) + template["spec"]["containers"]
                   for p in c.get("ports", []) if p["name"] == "http"]
         assert served == [port]

@@ -148,13 +148,16 @@ def test_every_object_of_the_chart_is_rendered(rendered, name):
     chart = host.get("router_chart", "standalone")
     provider = host.get("router_gateway_provider", "")
     expected = (["ServiceAccount", "Role", "RoleBinding", "Role", "RoleBinding"]
-                + (["Role", "RoleBinding"] if host.get("router_epp_replicas", 1) > 1 else [])
+                # Two replicas by default, under leader election (approximate scoring keeps state in each replica).
+                + (["Role", "RoleBinding"] if host.get("router_epp_replicas", 2) > 1 else [])
                 + ["ConfigMap", "Service", "InferencePool"] + (["HTTPRoute"] if chart == "gateway" else [])
                 + {"istio": ["DestinationRule"], "gke": ["HealthCheckPolicy", "GCPBackendPolicy"]}.get(provider, [])
                 + ["Deployment"]
                 # The role's own objects: what the EPP's authenticated /metrics needs, then its NetworkPolicy.
                 + (["ClusterRole", "ClusterRoleBinding"] if host.get("router_epp_metrics_auth") else [])
-                + ["NetworkPolicy"])
+                + ["NetworkPolicy"]
+                # Its PodMonitor, scraped without a token (none with router_epp_metrics_auth).
+                + ([] if host.get("router_epp_metrics_auth") else ["PodMonitor"]))
     # In apply order: the InferencePool before the EPP (ready only once its pool has synced), the Deployment last.
     assert case["kinds"] == expected
     assert set(case["router"]) >= {"ServiceAccount/" + EPP, "Role/%s-sa" % EPP, "RoleBinding/%s-sa" % EPP, "Role/%s-non-sa" % EPP,
@@ -261,8 +264,9 @@ def test_epp_deployment_as_the_chart_renders_it(rendered, name):
     case = _case(rendered, name)
     host = R.GIE_CASES[name]
     deployment = _deployment(case)
-    replicas = host.get("router_epp_replicas", 1)
+    replicas = host.get("router_epp_replicas", 2)
     label = {FACTS["gie_epp_pod_label"]["key"]: EPP}
+    # Leader election (the approximate prefix producer keeps its state in the replica): the chart's Recreate.
     assert deployment["spec"]["replicas"] == replicas and deployment["spec"]["strategy"] == {"type": "Recreate"}
     assert deployment["spec"]["selector"]["matchLabels"] == label
     pod = deployment["spec"]["template"]
@@ -459,6 +463,7 @@ def test_render_in_check_mode_writes_nothing(tmp_path):
 # -- apply mode, against the stand-in kubernetes.core ---------------------------------------------------------------
 
 GIE_OBJECTS = "Apply | the InferencePool and its EPP (router_impl gie, from the role's templates)"
+LEADER_WAIT = "Apply | wait until the EPP's leader is Ready (bounded)"
 LOCAL_CHART = "./charts/inferencepool"
 APPLY_PLAYBOOK = """
 - name: Run one role per case against the stand-in cluster
@@ -489,7 +494,9 @@ APPLY_PLAYBOOK = """
 
 def _apply_case(**extra):
     host = {"router_impl": "gie", "router_scoring_mode": "approximate", "router_allow_unpinned_images": True,
-            "router_engine": D.ENGINES, "router_epp_config_check": False, "router_crds_src": "@TMP@/mirror/manifests.yaml"}
+            "router_engine": D.ENGINES, "router_epp_config_check": False, "router_crds_src": "@TMP@/mirror/manifests.yaml",
+            # The leader of the two replicas is Ready (the bounded wait that follows the apply).
+            "_fake_k8s_responses": {LEADER_WAIT: {"resources": [{"status": {"readyReplicas": 1}}]}}}
     host.update(extra)
     return host
 
@@ -583,11 +590,14 @@ def test_objects_are_applied_in_order_from_the_templates(applied):
     (crds,) = _task_calls(run, "gie-apply", D.ROUTER_CRDS)
     objects = _task_calls(run, "gie-apply", GIE_OBJECTS)
     kinds = [c["args"]["definition"]["kind"] for c in objects]
-    assert kinds == ["ServiceAccount", "Role", "RoleBinding", "Role", "RoleBinding", "ConfigMap", "Service", "InferencePool", "Deployment"]
+    # Two replicas under leader election (the default for approximate scoring): its Role and RoleBinding too.
+    assert kinds == ["ServiceAccount", "Role", "RoleBinding", "Role", "RoleBinding", "Role", "RoleBinding", "ConfigMap", "Service",
+                     "InferencePool", "Deployment"]
     assert run["calls"]["gie-apply"].index(crds) < run["calls"]["gie-apply"].index(objects[0]), "the CRDs first"
     for call in objects:
         assert call["args"]["state"] == "present" and call["args"]["apply"] is True
-        assert call["args"]["wait"] is (call["args"]["definition"]["kind"] == "Deployment")
+        # Only the leader is Ready: the apply does not wait for every replica (a bounded wait for one follows).
+        assert call["args"]["wait"] is False
     assert objects[-1]["args"]["wait_timeout"] == 600
     own = [c["args"]["definition"]["kind"] for c in _task_calls(run, "gie-apply", D.ROUTER_OWN)]
     assert own == ["NetworkPolicy"], "no NodePort Service: gie has no proxy"
@@ -646,4 +656,4 @@ def test_check_mode_moves_nothing(applied):
     # The CRDs would be created (the stand-in reports a change), so the InferencePool, whose kind may not be served yet, is
     # not looked up; every other object is.
     kinds = [c["args"]["definition"]["kind"] for c in _task_calls(run, "gie-apply", GIE_OBJECTS)]
-    assert "InferencePool" not in kinds and len(kinds) == 8 and kinds[-1] == "Deployment"
+    assert "InferencePool" not in kinds and len(kinds) == 10 and kinds[-1] == "Deployment"

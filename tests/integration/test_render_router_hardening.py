@@ -68,14 +68,15 @@ POSITIVE = {
     # the engines' KV-event port.
     "h-gie": R.gie_case(cluster_verify_checks=CHECKS),
     "h-gie-auth-pprof": R.gie_case(router_epp_metrics_auth=True, router_epp_pprof=True),
-    "h-gie-gke": R.gie_case(router_chart="gateway", router_gateway_provider="gke", router_ext_proc_source_cidrs=[CIDR]),
+    "h-gie-gke": R.gie_case(router_chart="gateway", router_gateway_provider="gke", router_ext_proc_source_cidrs=[CIDR],
+                            model_server_http_source_cidrs=[CIDR]),
     "h-gie-extproc": R.gie_case(router_extra_values={"inferenceExtension": {"extProcPort": 9102, "env": [{"name": "A", "value": "1"}]}},
                                 cluster_verify_checks=CHECKS),
     "h-gie-flags": R.gie_case(router_epp_extra_flags={"refresh-metrics-interval": "100ms", "zap-log-level": "info"}),
     "h-llmd": llmd(),
     "h-llmd-auth": llmd(router_epp_metrics_auth=True, router_epp_extra_flags={"grpc-max-recv-msg-size": "10MiB"}),
     "h-llmd-gke": llmd("precise", router_chart="gateway", router_gateway_provider="gke", router_ext_proc_source_cidrs=[CIDR],
-                       cluster_verify_router=R.GATEWAY_URL),
+                       model_server_http_source_cidrs=[CIDR], cluster_verify_router=R.GATEWAY_URL),
     "h-llmd-istio": llmd("precise", router_chart="gateway", router_gateway_provider="istio", cluster_verify_router=R.GATEWAY_URL),
 }
 
@@ -105,11 +106,11 @@ NEGATIVE = {
                                 "install the chart itself by giving it in router_chart_ref (a local chart directory, .tgz or mirror)."),
     "neg-h-gie-metrics-port": (R.gie_case(router_extra_values={"inferenceExtension": {"metricsPort": 9191}}),
                                "router_extra_values sets inferenceExtension.metricsPort, which the role's templates"),
-    "neg-h-gie-gke-no-cidrs": (R.gie_case(router_chart="gateway", router_gateway_provider="gke"),
+    "neg-h-gie-gke-no-cidrs": (R.gie_case(router_chart="gateway", router_gateway_provider="gke", model_server_http_source_cidrs=[CIDR]),
                                "router_gateway_provider=gke is a managed Gateway whose proxies run outside the cluster, so the EPP's "
                                "NetworkPolicy cannot admit them by pod label and, with the InferencePool's failureMode FailOpen, every "
                                "request would bypass the EPP without an error"),
-    "neg-h-llmd-gke-no-cidrs": (llmd("precise", router_chart="gateway", router_gateway_provider="gke"),
+    "neg-h-llmd-gke-no-cidrs": (llmd("precise", router_chart="gateway", router_gateway_provider="gke", model_server_http_source_cidrs=[CIDR]),
                                 "give the address ranges its proxies connect from in router_ext_proc_source_cidrs"),
     "neg-h-metrics-open": (R.gie_case(router_network_policy_enabled=False),
                            "router_epp_metrics_auth=false and router_network_policy_enabled=false would serve the EPP's /metrics on "
@@ -263,7 +264,9 @@ def test_the_default_keeps_metrics_behind_the_network_policy():
     with open(os.path.join(ROOT, "roles", "router", "defaults", "main.yml")) as handle:
         defaults = yaml.safe_load(handle)
     assert defaults["router_epp_metrics_auth"] is False and defaults["router_network_policy_enabled"] is True
-    assert defaults["router_metrics_allowed_peers"] == [{"labels": VERIFIER}]
+    # The verifier, and the Prometheus that scrapes the EPP's PodMonitor (issue 46), in its own namespace.
+    assert defaults["router_metrics_allowed_peers"] == [{"labels": VERIFIER},
+                                                        {"labels": {"app.kubernetes.io/name": "prometheus"}, "namespace": "monitoring"}]
     assert defaults["router_epp_pprof"] is False
 
 
@@ -282,7 +285,7 @@ def test_the_network_policy_admits_what_carries_the_requests(rendered, name, pro
     peers, blocks = ports[9002]
     assert (GATEWAY in peers) is gateway_pods and VERIFIER in peers
     assert blocks == cidrs
-    assert ports[9090] == ([VERIFIER], [])
+    assert ports[9090] == ([VERIFIER, {"app.kubernetes.io/name": "prometheus"}], [])
 
 
 @pytest.mark.parametrize("name,llm_d_admitted", [("h-gie", False), ("h-gie-gke", False), ("h-llmd", True), ("h-llmd-istio", True)])

@@ -24,6 +24,10 @@ What runs, with the engine venv's Python (``~/.cache/inference_cache/local_engin
   command plus ``--enable-scale-out``) started as a local process; it must answer ``/health``, list the served name,
   publish the KV events of a completion under the rendered topic (counted by the verifier's own ``kv_events_check``
   logic, every batch one the EPP v0.9.0's decoder takes) and answer ``/v1/completions/render``.
+* then that engine is stopped as the kubelet stops a pod: SIGTERM to its first process a second after the engine reports
+  a long completion running (``vllm:num_requests_running``). With the rendered ``--shutdown-timeout``
+  (model_server_shutdown_timeout, 45) the request finishes, every token, seconds after the signal, and the engine exits; ``test_without_shutdown_timeout_a_request_in_flight_is_aborted`` starts the same command
+  with vLLM 0.32.0's default, 0, and the request is cut short (vllm/v1/engine/core.py ``_handle_shutdown``: abort).
 * ``test_render_sidecar_serves_the_token_producer``: the render sidecar of ``kind-inventory`` (what ``make
   kubernetes`` deploys) started the same way; ``/health`` (the chart's readiness probe) and
   ``POST /v1/completions/render {"model": <modelName>, "prompt": "hello"}`` (the body the v0.9.0 token-producer sends,
@@ -75,6 +79,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -315,6 +320,75 @@ def replace_value(argv, flag, value):
     raise AssertionError("%s is not in %s" % (flag, argv))
 
 
+class Completion(threading.Thread):
+    """One completion (``ignore_eos``: exactly ``max_tokens`` tokens unless the engine stops it), answered as a whole."""
+
+    def __init__(self, url, model, prompt, max_tokens):
+        super(Completion, self).__init__(daemon=True)
+        self.url, self.max_tokens = url, max_tokens
+        self.body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True}
+        self.status, self.answer, self.error, self.done = None, None, None, None
+
+    def run(self):
+        try:
+            self.status, self.answer = post_json(self.url + "/v1/completions", self.body, timeout=300)
+        except (urllib.error.URLError, OSError, ValueError) as exc:  # a dropped connection
+            self.error = "%s: %s" % (type(exc).__name__, exc)
+        self.done = time.monotonic()
+
+
+def requests_running(url):
+    """vllm:num_requests_running of the engine's /metrics (None where it does not answer)."""
+    try:
+        with urllib.request.urlopen(url + "/metrics", timeout=5) as resp:
+            text = resp.read().decode(errors="replace")
+    except (urllib.error.URLError, OSError):
+        return None
+    values = [float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith("vllm:num_requests_running")]
+    return sum(values) if values else None
+
+
+def decode_rate(url, served):
+    """Tokens per second of this engine for one sequence, from two completions (64 and 576 tokens: prefill and request
+    overhead cancel out)."""
+    took = []
+    for tokens in (64, 576):
+        started = time.monotonic()
+        status, body = post_json(url + "/v1/completions", {"model": served, "prompt": "rate", "max_tokens": tokens, "temperature": 0,
+                                                           "ignore_eos": True})
+        assert status == 200, body
+        took.append(time.monotonic() - started)
+    return 512 / max(took[1] - took[0], 0.01)
+
+
+def stop_during_a_request(engine, url, served, max_tokens):
+    """SIGTERM to the engine's first process (what the kubelet sends a container's PID 1, after the preStop hook) one second
+    after the engine reports the request running (vllm:num_requests_running); what became of it, and of the engine."""
+    request = Completion(url, served, "A request in flight while the pod stops: " + " ".join("w%d" % i for i in range(40)), max_tokens)
+    request.start()
+    deadline = time.monotonic() + 60
+    while not requests_running(url) and time.monotonic() < deadline and request.done is None:
+        time.sleep(0.1)
+    assert request.done is None and requests_running(url), "the request never ran: %s %s\n%s" % (request.status, request.error, engine.tail())
+    time.sleep(1.0)
+    assert request.done is None, "the request was over before the signal: make it longer"
+    sent = time.monotonic()
+    os.kill(engine.proc.pid, signal.SIGTERM)
+    request.join(180)
+    try:
+        engine.proc.wait(120)
+    except subprocess.TimeoutExpired:
+        pass
+    exited = time.monotonic()
+    choice = ((request.answer or {}).get("choices") or [{}])[0] if isinstance(request.answer, dict) else {}
+    usage = (request.answer or {}).get("usage") or {} if isinstance(request.answer, dict) else {}
+    return {"status": request.status, "error": request.error, "finish_reason": choice.get("finish_reason"),
+            "completion_tokens": usage.get("completion_tokens"), "max_tokens": max_tokens,
+            "answered_after_s": round(request.done - sent, 2) if request.done else None,
+            "exit_after_s": round(exited - sent, 2), "exit_code": engine.proc.poll(),
+            "answer": None if isinstance(request.answer, dict) else str(request.answer)[:300]}
+
+
 def test_vllm_cpu_pod_command_serves(commands, checked, tmp_path):  # pylint: disable=redefined-outer-name
     from ansible_collections.inference_cache.substrate.plugins.module_utils.kv import events_check as kv_check  # pylint: disable=import-outside-toplevel
 
@@ -359,6 +433,48 @@ def test_vllm_cpu_pod_command_serves(commands, checked, tmp_path):  # pylint: di
         status, rendered_tokens = post_json(url + "/v1/completions/render", {"model": served, "prompt": "hello"})
         assert status == 200 and rendered_tokens[0]["token_ids"], (status, rendered_tokens)
         print("engine answered after %.1f s; %d BlockStored under %s" % (start_seconds, facts["counts"]["BlockStored"], topic))
+        # Stopped as the kubelet stops the pod (issue 46): SIGTERM while a request streams. The rendered
+        # --shutdown-timeout lets it finish (vLLM 0.32.0 drains; its default 0 aborts: test_..._without_shutdown_timeout).
+        timeout = int(arg_value(argv, "--shutdown-timeout"))
+        assert timeout == 45, "the pod's drain timeout (model_server_shutdown_timeout)"
+        # As long as the pod's context allows (--max-model-len), so that it still runs well after the signal.
+        max_tokens = int(arg_value(argv, "--max-model-len")) - 100
+        rate = decode_rate(url, served)
+        stopped = stop_during_a_request(engine, url, served, max_tokens)
+        print("SIGTERM with --shutdown-timeout %d, %d tokens at %.0f tokens/s: %s" % (timeout, max_tokens, rate, stopped))
+        assert stopped["status"] == 200 and stopped["finish_reason"] == "length", (stopped, engine.tail())
+        assert stopped["completion_tokens"] == max_tokens, stopped
+        # In flight at SIGTERM: the whole answer came more than a second after it (generated during the drain).
+        assert stopped["answered_after_s"] > 1.0, stopped
+        assert stopped["exit_code"] is not None and stopped["exit_after_s"] < timeout + 15, (stopped, engine.tail())
+    finally:
+        left = engine.stop()
+    assert not left, "processes left running: %s" % left
+
+
+def test_without_shutdown_timeout_a_request_in_flight_is_aborted(commands, checked, tmp_path):  # pylint: disable=redefined-outer-name
+    """What the rendered --shutdown-timeout guards against: the same pod command with vLLM 0.32.0's default, 0, aborts the
+    request in flight at SIGTERM (vllm/v1/engine/core.py _handle_shutdown: mode abort)."""
+    entry = only(commands["per_case"][STARTED_ENGINE_CASE], "engine-pod")
+    assert checked["by_container"][entry["id"]]["stage"] == "ok", "test_rendered_vllm_commands_are_accepted says why"
+    port = free_port()
+    argv = replace_value(replace_value(replace_value(entry["argv"], "--host", POD_IP), "--port", str(port)), "--shutdown-timeout", "0")
+    kv_config = json.loads(arg_value(argv, "--kv-events-config"))
+    kv_config["endpoint"] = "ipc://%s" % (tmp_path / "kv-events.ipc")
+    argv = replace_value(argv, "--kv-events-config", json.dumps(kv_config, separators=(",", ":")))
+    url = "http://%s:%d" % (POD_IP, port)
+    served = arg_value(entry["argv"], "--served-model-name")
+    engine = Started(argv, local_env(entry, str(tmp_path / "home")), commands["workdir"], str(tmp_path / "engine.log"))
+    try:
+        engine.wait_healthy(url)
+        max_tokens = int(arg_value(argv, "--max-model-len")) - 100
+        rate = decode_rate(url, served)
+        stopped = stop_during_a_request(engine, url, served, max_tokens)
+        print("SIGTERM with --shutdown-timeout 0, %d tokens at %.0f tokens/s: %s" % (max_tokens, rate, stopped))
+        # Cut short: an aborted answer (finish_reason abort, fewer tokens), or none at all.
+        assert not (stopped["status"] == 200 and stopped["finish_reason"] == "length"), (stopped, engine.tail())
+        assert stopped["finish_reason"] == "abort" or stopped["status"] != 200 or stopped["error"], stopped
+        assert (stopped["completion_tokens"] or 0) < max_tokens, stopped
     finally:
         left = engine.stop()
     assert not left, "processes left running: %s" % left

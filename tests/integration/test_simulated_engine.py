@@ -56,7 +56,7 @@ def simulator():
     """The simulator's binary, through go_build (a no-op where it is built; otherwise built once, or waited on)."""
     if "path" not in _BUILT:
         run = subprocess.run([os.path.join(BIN, "ansible-playbook"), os.path.join(ROOT, "playbooks", "go_build.yml"), "-e",
-                              json.dumps({"kwok_cluster_builds": ["llm-d-inference-sim"]})], cwd=ROOT, env=ENV, capture_output=True,
+                              json.dumps({"go_builds_names": ["llm-d-inference-sim"]})], cwd=ROOT, env=ENV, capture_output=True,
                              text=True, timeout=3600, check=False)
         assert run.returncode == 0, run.stdout[-3000:]
         _BUILT["path"] = BINARY

@@ -48,6 +48,10 @@ func parseFlags() config {
 	flag.BoolVar(&cfg.metrics, "metrics", true, "kvBlockIndexConfig.enableMetrics")
 	flag.StringVar(&cfg.engine, "engine", "vllm", "kv-cache engine adapter (engineadapter.NewAdapter)")
 	flag.IntVar(&cfg.verbosity, "v", 0, "log verbosity (kv-cache: 4 debug, 5 trace)")
+	flag.IntVar(&cfg.indexKeys, "index-memory", 0, "instead of a KV-event probe: fill an in-memory index with this many keys, "+
+		"print the heap it takes as one JSON line and exit (index_memory.go)")
+	flag.IntVar(&cfg.indexPods, "pods-per-key", 1, "with -index-memory: pod entries per key")
+	flag.IntVar(&cfg.podCacheSize, "pod-cache-size", 10, "with -index-memory: inMemoryConfig.podCacheSize (kv-cache's default 10)")
 	flag.Parse()
 	connect, err := parseMode(*mode)
 	if err != nil {
@@ -65,6 +69,13 @@ func main() {
 	cfg := parseFlags()
 	logger := zap.New(zap.WriteTo(os.Stderr), zap.Level(uberzap.NewAtomicLevelAt(zapcore.Level(-cfg.verbosity))))
 	ctrllog.SetLogger(logger)
+	if cfg.indexKeys > 0 {
+		if err := indexMemory(cfg.indexKeys, cfg.indexPods, cfg.podCacheSize); err != nil {
+			fmt.Fprintln(os.Stderr, "kvcache_probe:", err)
+			os.Exit(1)
+		}
+		return
+	}
 	ctx, cancel := context.WithCancel(ctrllog.IntoContext(context.Background(), logger))
 	defer cancel()
 	if err := run(ctx, cancel, cfg); err != nil {

@@ -144,6 +144,10 @@ type config struct {
 	metrics     bool
 	engine      string
 	verbosity   int
+	// -index-memory: the index's memory per key instead of a probe (index_memory.go).
+	indexKeys    int
+	indexPods    int
+	podCacheSize int
 }
 
 func (p *probe) emit(v any) {

@@ -120,8 +120,13 @@ class GoBuild:
         folder = folder or self.params["dest"]
         return dict((name, os.path.join(folder, name)) for name in self.params["packages"])
 
+    def outputs(self, folder=None):
+        folder = folder or self.params["dest"]
+        return [os.path.join(folder, path) for path in self.params.get("outputs") or []]
+
     def built(self):
-        if not all(os.path.isfile(path) and os.access(path, os.X_OK) for path in self.binaries().values()):
+        if not (all(os.path.isfile(path) and os.access(path, os.X_OK) for path in self.binaries().values())
+                and all(os.path.isfile(path) for path in self.outputs())):
             return False
         if not self.params.get("source"):
             return True
@@ -201,7 +206,9 @@ class GoBuild:
 
     def resolve(self):
         go = self.params["go_binary"]
-        argv = [go, "get"] + ["%s@%s" % (pkg, self.params["version"]) for pkg in self.params["packages"].values()]
+        # A build of generated files only (no binary): the module itself, for the generate commands to read its packages.
+        wanted = list(self.params["packages"].values()) or [self.params["module"]]
+        argv = [go, "get"] + ["%s@%s" % (pkg, self.params["version"]) for pkg in wanted]
         code, out, err = self.runner(argv, self.params["src"])
         if code != 0:
             raise CheckError("go get of %s could not resolve its dependencies: %s; %s." % (
@@ -224,9 +231,15 @@ class GoBuild:
             code, out, err = self.runner(argv, self.params["src"])
             if code != 0:
                 raise CheckError("%s failed after building %s: %s." % (" ".join(argv[:2]), self.what(), _tail(err or out)))
+        missing = [path for path in self.outputs(folder) if not os.path.isfile(path)]
+        if missing:
+            raise CheckError("The generate commands of %s wrote no %s." % (self.what(), ", ".join(
+                os.path.relpath(path, folder) for path in missing)))
 
     # -- the whole ---------------------------------------------------------------------------
     def ensure(self):
+        if not self.params["packages"] and not self.params.get("outputs"):
+            raise CheckError("A build of %s names no binary (packages) and no generated file (outputs): name at least one." % self.what())
         if self.params.get("source"):
             self.digest()   # one sentence now when the sources are not there
         if self.built():

@@ -58,6 +58,23 @@ PRODUCTS = (
 )
 NAMES = tuple(entry[0] for entry in PRODUCTS)
 
+# The values GPU feature discovery gives each card in the node label nvidia.com/gpu.product: NVML's device name with
+# every character but letters, digits, '-', '_', '.' and blanks dropped and the blanks joined by '-'
+# (NVIDIA/k8s-device-plugin@v0.17.1:internal/lm/resource.go sanitise), from the nvidia-smi names the sources above print
+# (and NVIDIA's PCIe variants of the same memory). Time-sliced GPUs get "-SHARED" after it; MIG slices other names.
+GFD_PRODUCT_LABELS = {
+    "H200": ("NVIDIA-H200",),
+    "H100-80GB": ("NVIDIA-H100-80GB-HBM3", "NVIDIA-H100-PCIe"),
+    "A100-80GB": ("NVIDIA-A100-SXM4-80GB", "NVIDIA-A100-80GB-PCIe"),
+    "A100-40GB": ("NVIDIA-A100-SXM4-40GB", "NVIDIA-A100-PCIE-40GB"),
+    "L40S": ("NVIDIA-L40S",),
+    "L40": ("NVIDIA-L40",),
+    "L4": ("NVIDIA-L4",),
+    "A10G": ("NVIDIA-A10G",),
+    "A10": ("NVIDIA-A10",),
+    "T4": ("Tesla-T4",),
+}
+
 
 def _key(name):
     """``"NVIDIA H100 80GB HBM3"``, ``"NVIDIA-H100-80GB-HBM3"`` (GPU feature discovery), ``"h100-80gb"`` -> ``"H10080GBHBM3"``."""
@@ -75,8 +92,14 @@ def _entry(row):
             "cuda_measured": cuda_bytes is not None, "datasheet_gb": datasheet_gb, "aliases": aliases, "source": source}
 
 
-_BY_KEY = dict((_key(alias), row[0]) for row in PRODUCTS for alias in (row[0],) + row[4])
+_BY_KEY = dict((_key(alias), row[0]) for row in PRODUCTS for alias in (row[0],) + row[4] + GFD_PRODUCT_LABELS[row[0]])
 _BY_NAME = dict((row[0], _entry(row)) for row in PRODUCTS)
+
+
+def node_labels(name):
+    """The nvidia.com/gpu.product values of the card ``name`` means (full GPUs, time-sliced ones too), or CheckError."""
+    labels = GFD_PRODUCT_LABELS[lookup(name)["name"]]
+    return [label for base in labels for label in (base, base + "-SHARED")]
 
 
 def lookup(name):

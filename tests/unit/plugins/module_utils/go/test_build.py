@@ -62,6 +62,9 @@ class FakeGo:
         if argv[0] == "gen":
             target = argv[1].split("=", 1)[1]
             os.makedirs(target)
+            for name in argv[2:]:   # the files a generator writes into its folder
+                with open(os.path.join(target, name), "w"):
+                    pass
             return 0, "", ""
         return 127, "", "unexpected %s" % argv
 
@@ -99,6 +102,26 @@ def test_generate_runs_in_the_folder_being_built(tmp_path):
     result = GoBuild(params(tmp_path, generate=[["gen", "output:dir={out}/crds"]]), runner=go).ensure()
     assert os.path.isdir(os.path.join(result["dest"], "crds"))
     assert go.calls[-1][0] == ["gen", "output:dir=%s.partial/crds" % result["dest"]]
+
+
+def test_a_build_of_generated_files_only_gets_the_module_and_is_known_by_its_outputs(tmp_path):
+    """The catalog's prometheus-operator-crds: no binary, controller-gen writes the CRDs; they tell that it exists."""
+    go = FakeGo(tmp_path)
+    module = "github.com/prometheus-operator/prometheus-operator/pkg/apis/monitoring"
+    gen = ["gen", "output:dir={out}/crds", "monitoring.coreos.com_podmonitors.yaml"]
+    build = params(tmp_path, module=module, version="v0.95.2", packages={}, generate=[gen],
+                   outputs=["crds/monitoring.coreos.com_podmonitors.yaml"],
+                   dest=str(tmp_path / "bin" / "prometheus-operator-crds-v0.95.2"))
+    first = GoBuild(build, runner=go).ensure()
+    assert first["changed"] and first["binaries"] == {}
+    assert [c[0][1] for c in go.calls][:3] == ["env", "mod", "get"] and go.calls[2][0] == ["go", "get", module + "@v0.95.2"]
+    assert go.calls[3][0][0] == "gen" and len(go.calls) == 4, "no go build without a binary"
+    # A missing output: the build is not there; one that the generate commands do not write: one sentence.
+    assert not GoBuild(dict(build, outputs=["crds/missing.yaml"]), runner=go).built()
+    with pytest.raises(CheckError, match=r"^The generate commands of .*monitoring@v0\.95\.2 wrote no crds/missing\.yaml\.$"):
+        GoBuild(dict(build, outputs=["crds/missing.yaml"], dest=str(tmp_path / "bin" / "other")), runner=FakeGo(tmp_path)).ensure()
+    with pytest.raises(CheckError, match=r"names no binary \(packages\) and no generated file \(outputs\)"):
+        GoBuild(dict(build, outputs=[]), runner=go).ensure()
 
 
 def test_no_cgo_and_the_environment_reach_the_go_command(tmp_path):

@@ -277,3 +277,26 @@ def test_bad_inputs_fail_with_one_sentence(call, message):
 def test_multimodal_text_config_is_used():
     config = {"text_config": dict(LLAMA31_8B), "vision_config": {"num_hidden_layers": 1}}
     assert S.model_shape(config)["num_layers"] == 32
+
+
+@pytest.mark.parametrize("name, labels", [
+    ("H200", ["NVIDIA-H200", "NVIDIA-H200-SHARED"]),
+    ("NVIDIA H100 80GB HBM3", ["NVIDIA-H100-80GB-HBM3", "NVIDIA-H100-80GB-HBM3-SHARED", "NVIDIA-H100-PCIe", "NVIDIA-H100-PCIe-SHARED"]),
+    ("T4", ["Tesla-T4", "Tesla-T4-SHARED"]),
+])
+def test_gpu_feature_discovery_product_labels_of_a_card(name, labels):
+    assert P.node_labels(name) == labels
+    # Each label GFD writes names the card again (lookup reads GFD's product labels).
+    assert all(P.lookup(label)["name"] == P.lookup(name)["name"] for label in labels)
+
+
+def test_every_card_has_gfd_product_labels_and_the_plan_returns_them():
+    assert sorted(P.GFD_PRODUCT_LABELS) == sorted(P.NAMES)
+    result = S.plan({"num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8, "hidden_size": 4096,
+                     "intermediate_size": 14336, "vocab_size": 128256, "torch_dtype": "bfloat16"}, "8.03B", gpu="L40S",
+                    max_model_len=4096)
+    assert result["gpu"] == "L40S" and result["gpu_product_labels"] == ["NVIDIA-L40S", "NVIDIA-L40S-SHARED"]
+    unnamed = S.plan({"num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8, "hidden_size": 4096,
+                      "intermediate_size": 14336, "vocab_size": 128256, "torch_dtype": "bfloat16"}, "8.03B", gpu_memory="75GiB",
+                     max_model_len=4096)
+    assert unnamed["gpu"] is None and unnamed["gpu_product_labels"] == []
