@@ -257,8 +257,8 @@ def markdown(summary, rows, title="Routing over a simulated fleet", notes=()):
             ", ".join(_fmt(v, 0) for v in entry["sustained_by_seed"]), _range(entry["hit_rate"], pct=True), " | ".join(cells)))
     rates = [s["rate"] for s in summary[0]["steps"]]
     for key, label, fmt in (("ttft_p90", "TTFT p90 (ms)", {}), ("ttft_p99", "TTFT p99 (ms)", {}),
-                            ("ttft_p50", "TTFT p50 (ms)", {}), ("hit_rate", "Hit rate (compulsory-miss bound in the last row)",
-                                                                 {"pct": True}),
+                            ("ttft_p50", "TTFT p50 (ms)", {}),
+                            ("hit_rate", "Hit rate (compulsory-miss bound in the last row)", {"pct": True}),
                             ("queue_mean", "Mean time in the engine's queue (ms, from the books)", {}),
                             ("waiting_mean", "Waiting requests per engine, mean (books, every 100 ms)", {"digits": 2}),
                             ("waiting_max", "Waiting requests per engine, max", {}),
@@ -279,10 +279,11 @@ def markdown(summary, rows, title="Routing over a simulated fleet", notes=()):
     for r in rows:
         counts = sorted(r["ramp_total"]["requests_per_engine"])
         groups = r["ramp_total"]["groups_per_engine"]
-        lines.append("| %s | %d | %d / %d / %d | %d | %d%s%d |" % (r["policy"], r["seed"], counts[0], counts[len(counts) // 2],
-                                                              counts[-1], r["idle_engines"], min(groups), DASH, max(groups)))
+        lines.append("| %s | %d | %d / %d / %d | %d | %d%s%d |" % (
+            r["policy"], r["seed"], counts[0], counts[len(counts) // 2], counts[-1], r["idle_engines"], min(groups), DASH, max(groups)))
     lines += ["", "## Checks of the records against the engines' own counters (whole configuration, warm-up included)", "",
-              "| Policy | Seed | Hit rate: engines' counters / records | Queued requests: engines' histogram / books | Their mean ms in the queue: engines / books |", "|---|---|---|---|---|"]
+              "| Policy | Seed | Hit rate: engines' counters / records | Queued requests: engines' histogram / books "
+              "| Their mean ms in the queue: engines / books |", "|---|---|---|---|---|"]
     for r in rows:
         v = r["validation"]
         lines.append("| %s | %d | %s / %s | %s / %s | %s / %s |" % (

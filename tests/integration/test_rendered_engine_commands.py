@@ -26,7 +26,8 @@ What runs, with the engine venv's Python (``~/.cache/inference_cache/local_engin
   logic, every batch one the EPP v0.9.0's decoder takes) and answer ``/v1/completions/render``.
 * then that engine is stopped as the kubelet stops a pod: SIGTERM to its first process a second after the engine reports
   a long completion running (``vllm:num_requests_running``). With the rendered ``--shutdown-timeout``
-  (model_server_shutdown_timeout, 45) the request finishes, every token, seconds after the signal, and the engine exits; ``test_without_shutdown_timeout_a_request_in_flight_is_aborted`` starts the same command
+  (model_server_shutdown_timeout, 45) the request finishes, every token, seconds after the signal, and the engine exits;
+  ``test_without_shutdown_timeout_a_request_in_flight_is_aborted`` starts the same command
   with vLLM 0.32.0's default, 0, and the request is cut short (vllm/v1/engine/core.py ``_handle_shutdown``: abort).
 * ``test_render_sidecar_serves_the_token_producer``: the render sidecar of ``kind-inventory`` (what ``make
   kubernetes`` deploys) started the same way; ``/health`` (the chart's readiness probe) and

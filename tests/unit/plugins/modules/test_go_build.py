@@ -52,7 +52,7 @@ def test_a_missing_go_command_is_one_sentence(tmp_path):
 
 
 @pytest.mark.parametrize("extra, words", [
-    ({"packages": {}}, "packages must name at least one binary."),
+    ({"packages": {}}, "names no binary (packages) and no generated file (outputs): name at least one."),
     ({"packages": {"a/b": "example.com/x"}}, "packages maps binary names (no /) to package paths; fix a/b."),
     ({"timeout": 0}, "timeout"),
 ])
