@@ -36,9 +36,9 @@ The configurations (``CONFIGS``): ``random``; ``load`` (the blog's load-scheduli
 them: ``workload.BLOG``); ``gie-default`` (the collection's default for router_impl gie: queue 2, kv-cache-utilization 2,
 prefix 3 with autoTune, what roles/router renders); ``approximate-blog-lru`` (the blog's LRU and match limit with the
 collection's weights: which of the two separates the blog's approximate setup from the others); ``precise`` (llm-d
-v0.9.0's documented precise configuration, LLMD deploy/config/epp-precise-prefix-cache-config.yaml: prefix 2, kv-cache-utilization 1, queue 1); and ``oracle``, a heuristic
-that knows each engine's true cache and queue and the simulator's latency model and picks the engine with the lowest
-estimated time to first token: a heuristic, not a bound.
+v0.9.0's documented precise configuration, LLMD deploy/config/epp-precise-prefix-cache-config.yaml: prefix 2,
+kv-cache-utilization 1, queue 1); and ``oracle``, a heuristic that knows each engine's true cache and queue and the
+simulator's latency model and picks the engine with the lowest estimated time to first token: a heuristic, not a bound.
 """
 
 from __future__ import absolute_import, division, print_function

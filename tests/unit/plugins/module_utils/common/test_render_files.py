@@ -44,8 +44,8 @@ def test_plan_apply_then_nothing_changes(tmp_path):
 @pytest.mark.parametrize("files, sentence", [
     ({"../out.txt": "x"}, r"^File name '../out.txt' leaves the folder "),
     ({"a": "x", "a/b": "y"}, r"^File names 'a' and 'a/b' conflict"),
-    ({"a": {"k": 1}}, r"^The content of 'a' is a dict, not text"),
-    ({}, r"^files must be a non-empty mapping"),
+    ({"a": {"k": 1}}, r"^The content of 'a' is a dict, and render_files writes data only into a \.json, \.yaml or \.yml file: "),
+    ({}, r"^files \(paths to contents\) or documents \(paths to lists of YAML documents\) must be a non-empty mapping\.$"),
 ])
 def test_wrong_files_are_one_sentence(tmp_path, files, sentence):
     with pytest.raises(CheckError, match=sentence):
