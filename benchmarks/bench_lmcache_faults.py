@@ -252,6 +252,19 @@ def connector_events(log, since_wall):
     return found
 
 
+def answers_after(complete, texts, salt):
+    """The answers without the tier after the traffic, and None; or, at the first request the engine does not answer
+    (an engine that hangs after a fault), the answers so far and the error's sentence: one unanswered request is enough
+    to say so, and waiting out the request timeout for every prompt would only add to it."""
+    answers = []
+    for index, text in enumerate(texts):
+        try:
+            answers.append(complete(text, salt="%s-after-%d" % (salt, index)))
+        except (http.OpenAIHTTPError, KeyError, ValueError) as exc:
+            return answers, str(exc)
+    return answers, None
+
+
 def percentile(values, fraction):
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(round(fraction * (len(ordered) - 1))))] if ordered else None
@@ -352,7 +365,7 @@ def main(argv=None):
         traffic.halt.set()
         traffic.join(args.timeout + 10)
         stack.leave_as_found()
-    references_after = [stack.complete(text, salt="%s-after-%d" % (salt, i)) for i, text in enumerate(texts)]
+    references_after, unanswered_after = answers_after(stack.complete, texts, salt)
     records = traffic.records
     if args.records:   # the raw data first, whatever the summary below does
         with open(args.records, "w") as out:
@@ -377,7 +390,8 @@ def main(argv=None):
         "served_from_tier": sum(1 for r in records if r["tier"]),
         "references_stable": references_after == references,
         "reference_changes": [{"prompt": i, "before": references[i], "after": references_after[i]}
-                              for i in range(len(texts)) if references_after[i] != references[i]],
+                              for i in range(len(references_after)) if references_after[i] != references[i]],
+        "unanswered_after": unanswered_after,
         "steady": {"requests": len(steady), "latency_p50_s": round(median, 3),
                    "latency_p99_s": round(percentile(baseline, 0.99) or 0.0, 3),
                    "served_from_tier": sum(1 for r in steady if r["tier"])},
@@ -414,6 +428,9 @@ def main(argv=None):
                 row["fault"], row["check_after"][0] if row["check_after"] else "nothing wrong",
                 "%.1f s after the fault's end" % row["check_passes_after_fault_end_s"]
                 if row["check_passes_after_fault_end_s"] is not None else "not within the watch"))
+        if unanswered_after:
+            print("  the engine did not answer after the faults (the answers without the tier, %d s request timeout): %s"
+                  % (args.timeout, unanswered_after))
         for change in result["reference_changes"]:
             print("  the answer without the tier changed for prompt %d: %r before the traffic, %r after it"
                   % (change["prompt"], change["before"], change["after"]))

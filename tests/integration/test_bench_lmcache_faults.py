@@ -64,3 +64,21 @@ def test_the_connector_s_log_lines_are_read_back(tmp_path):
     expected = [("degraded", 3.123), ("reregistered", 38.737), ("healthy_again", 38.737)]
     assert [(what, round(at - start, 3)) for what, at in found] == expected
     assert bench.connector_events(str(log), start + 60) == [] and bench.connector_events(str(tmp_path / "none"), 0) == []
+
+
+def test_an_engine_that_stops_answering_after_the_faults_is_reported_not_raised():
+    """The answers without the tier after the traffic: all of them, or those before the first request the engine does
+    not answer and its error (one timeout, not one per prompt)."""
+    asked = []
+
+    def complete(text, salt=None):
+        asked.append((text, salt))
+        if text == "b":
+            raise bench.http.OpenAIHTTPError("Cannot reach http://127.0.0.1:8000/v1/completions: timed out")
+        return text.upper()
+    assert bench.answers_after(complete, ["a", "c"], "s") == (["A", "C"], None)
+    assert asked == [("a", "s-after-0"), ("c", "s-after-1")]
+    del asked[:]
+    answers, error = bench.answers_after(complete, ["a", "b", "c"], "s")
+    assert answers == ["A"] and error == "Cannot reach http://127.0.0.1:8000/v1/completions: timed out"
+    assert [text for text, _salt in asked] == ["a", "b"]
