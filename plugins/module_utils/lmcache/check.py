@@ -33,9 +33,11 @@ When it fails, one sentence names the cause where the facts show it, one cause p
   LMCache's ``lmcache:*`` metrics on its page), which on a CPU engine falls back to recompute in LMCache 0.5.6;
 * another connector than LMCache's;
 * the tier degraded: the multiprocess connector with its LMCache server away (not answering: stopped, paused,
-  overloaded), or answering with no engine registered (a server started again under a running engine, before the
-  connector's next heartbeat re-registers: lmcache@0.5.6 integration/vllm/vllm_multi_process_adapter.py
-  ``HeartbeatThread`` and ``_reregister_kv_caches_callback``). While it lasts vLLM recomputes every prompt;
+  overloaded), or answering with no engine registered (a server started again under a running engine: the connector
+  registers again only when a heartbeat found the server away first, lmcache@0.5.6
+  integration/vllm/vllm_multi_process_adapter.py ``HeartbeatThread`` and ``_reregister_kv_caches_callback``, so a
+  restart within one heartbeat leaves it unregistered, and a CPU engine's stores then wait on the server). While it
+  lasts vLLM recomputes every prompt, or hangs;
 * a chunk size or hash algorithm other than the one expected, chunks stored but never found again.
 
 The LMCache server's ``/status`` names the engines registered with it and the model name each registered with, which
@@ -392,8 +394,9 @@ class LMCacheProbe:
                               % (self.lmcache.base_url, self.facts.get("lmcache_error", "no answer").rstrip("."), HEARTBEAT_SECONDS))
             if self.read_lmcache_registrations() == []:
                 self.degraded("the LMCache server at %s answers but no engine is registered with it (a server started again "
-                              "under the running engine, which its connector re-registers with on its next heartbeat, within "
-                              "%d s; if it lasts, the connector points at another server)" % (self.lmcache.base_url, HEARTBEAT_SECONDS))
+                              "under the running engine: its connector registers again only after a heartbeat, every %d s, found "
+                              "the server away, so after a quicker restart a CPU engine's stores wait on the server and requests "
+                              "hang; make site restarts an engine that stays unregistered)" % (self.lmcache.base_url, HEARTBEAT_SECONDS))
         elif server is not None:
             self.read_lmcache_registrations()
         return server, m0
@@ -579,8 +582,9 @@ class LMCacheProbe:
                 f["degraded"] = True
                 return ("The LMCache tier is degraded: the restored request got no token from LMCache and the server at %s stored "
                         "none of the cold request, with no engine registered with it (a server started again under the running "
-                        "engine, re-registered on the connector's next heartbeat, within %d s), so vLLM recomputes every prompt "
-                        "until it is over." % (self.lmcache.base_url, HEARTBEAT_SECONDS))
+                        "engine; its connector registers again only after a heartbeat, every %d s, found the server away), so "
+                        "vLLM recomputes every prompt until it is over; make site restarts an engine that stays unregistered."
+                        % (self.lmcache.base_url, HEARTBEAT_SECONDS))
         if f.get("stored_tokens") == 0:
             return base + ": the LMCache server stored no chunk of the cold request (is the connector pointed at %s?)." % (
                 self.lmcache.base_url if self.lmcache is not None else "the server")

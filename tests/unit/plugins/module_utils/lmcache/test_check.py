@@ -138,8 +138,8 @@ def test_a_server_with_no_engine_registered_is_a_degraded_tier(stack):
     stack.registered = False
     message, facts = failure(stack)
     assert message.startswith("The LMCache tier is degraded: the LMCache server at %s answers but no engine is registered with "
-                              "it (a server started again under the running engine, which its connector re-registers with on "
-                              "its next heartbeat, within 10 s" % stack.lmcache.url)
+                              "it (a server started again under the running engine: its connector registers again only after "
+                              "a heartbeat, every 10 s, found the server away" % stack.lmcache.url)
     assert facts["degraded"] is True and facts["lmcache_registered"] == [] and stack.completions == []
 
 
