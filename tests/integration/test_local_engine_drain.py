@@ -185,14 +185,22 @@ class _Output(threading.Thread):
         return "".join(self.lines)
 
 
+def _lock_waiters(path):
+    """How many processes wait for the flock of ``path`` (/proc/locks: a waiter's line holds "->")."""
+    inode = os.stat(path).st_ino
+    with open("/proc/locks") as handle:
+        lines = [line.split() for line in handle]
+    return sum(1 for fields in lines if "->" in fields and any(re.match(r"^[0-9a-f]+:[0-9a-f]+:%d$" % inode, f) for f in fields))
+
+
 def _stop_during_a_request(pid, shutdown_timeout):
     """The teardown (the role's stop: SIGTERM, then SIGKILL after the stop timeout) while a long completion runs; a second
     request once the engine logged the signal. What became of both, and of the engine.
 
     The role's stop takes the instance's lock beside its pid file (one supervisor at a time, service/supervisor.py). The
     test holds that lock while ansible-playbook starts (seconds, more on a loaded machine) and lets go of it once the
-    teardown waits at the stop task and the request runs: the signal comes within a second or two of the request's start,
-    whatever the machine's load."""
+    teardown's stop waits for it (/proc/locks) and the request runs: the signal comes within a second of the request's
+    start, whatever the machine's load."""
     log = os.path.join(RUN_DIR, "engine.log")
     launcher = _read(os.path.join(RUN_DIR, "engine.sh"))
     assert ("--shutdown-timeout %d " % shutdown_timeout in launcher) == (shutdown_timeout > 0), launcher
@@ -201,14 +209,15 @@ def _stop_during_a_request(pid, shutdown_timeout):
     logged = len(_read(log))
     request = Completion(MAX_TOKENS)
     cmd = [PLAYBOOK if os.path.exists(PLAYBOOK) else "ansible-playbook", "playbooks/teardown.yml"] + _vars(shutdown_timeout)
-    with open(os.path.join(RUN_DIR, "engine.pid.lock"), "w", encoding="utf-8") as turn:
+    lock_path = os.path.join(RUN_DIR, "engine.pid.lock")
+    with open(lock_path, "w", encoding="utf-8") as turn:
         fcntl.flock(turn, fcntl.LOCK_EX)
         teardown = subprocess.Popen(cmd, cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # pylint: disable=consider-using-with
         output = _Output(teardown.stdout)
         output.start()
         try:
-            at_stop = _wait_for(lambda: STOP_TASK in output.text() or teardown.poll() is not None, 300)
-            assert at_stop and teardown.poll() is None, "the teardown never reached its stop task:\n%s" % output.text()[-3000:]
+            at_stop = _wait_for(lambda: (STOP_TASK in output.text() and _lock_waiters(lock_path)) or teardown.poll() is not None, 300)
+            assert at_stop and teardown.poll() is None, "the teardown never waited at its stop task:\n%s" % output.text()[-3000:]
             request.start()
             assert _wait_for(lambda: _requests_running() >= 1 or request.done, 60), "the request never ran: %s" % request.result
             in_flight_at_release = request.done is None
