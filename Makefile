@@ -66,7 +66,8 @@ units: setup  ## ansible-test units on a staged copy (no Docker): every test fil
 PYTEST := $(BIN)/pytest -rs --durations=10
 PYTEST_ENGINE := LOCAL_ENGINE_START=1 LOCAL_ENGINE_REQUIRED=1 $(PYTEST)
 ENGINE_TESTS := tests/integration/test_local_engine_e2e.py tests/integration/test_kv_events_engine.py tests/integration/test_rendered_engine_commands.py tests/integration/test_rendered_lmcache_commands.py \
-                tests/integration/test_kvcache_probe_engine.py tests/integration/test_epp_route_engine.py
+                tests/integration/test_kvcache_probe_engine.py tests/integration/test_epp_route_engine.py \
+                tests/integration/test_local_engine_drain.py
 
 pytest: setup  ## pytest, all of it: what `units`, `integration` and `engine` run (one engine run at a time)
 	$(PYTEST_ENGINE) tests/unit tests/integration

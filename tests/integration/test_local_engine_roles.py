@@ -484,3 +484,57 @@ def test_new_weights_in_place_give_the_model_a_new_name(tmp_path):
     second = _play(tmp_path, _weights_play(model, state))
     assert second["fingerprint"] != first["fingerprint"] and os.path.realpath(second["key"]) == str(model)
     assert sorted(p.name for p in run_dir.iterdir()) == ["weights-" + second["fingerprint"]]
+
+
+# -- graceful termination: local_engine_shutdown_timeout --------------------------------------------------------------
+STOP_CASES = [  # settings, the wait of the role's stop after SIGTERM, the flag in the launcher
+    ({}, 30, None),
+    ({"local_engine_shutdown_timeout": 45}, 60, "45"),
+    ({"local_engine_shutdown_timeout": 10, "local_engine_stop_timeout": 90}, 90, "10"),
+    ({"local_engine_shutdown_timeout": 60, "local_engine_stop_timeout": 1}, 75, "60"),
+]
+REFUSED = [
+    ({"local_engine_extra_args": ["--shutdown-timeout", "5"]}, "local_engine_extra_args holds --shutdown-timeout"),
+    ({"local_engine_extra_args": ["--shutdown-timeout=5"]}, "local_engine_extra_args holds --shutdown-timeout"),
+    ({"local_engine_shutdown_timeout": -1}, "local_engine_shutdown_timeout must be a whole number of seconds, 0 or more"),
+]
+
+
+def _plays(tmp_path, cases, tasks):
+    """One play per case (its settings in a vars file after the role's defaults and vars); ``tasks(index)`` its tasks."""
+    role = os.path.join(ROOT, "roles", "local_engine")
+    plays = []
+    for index, settings in enumerate(cases):
+        given = tmp_path / ("settings-%d.yml" % index)
+        given.write_text(yaml.safe_dump(dict(settings, local_engine_state_dir=str(tmp_path / "state"))))
+        plays.append({"name": "case %d" % index, "hosts": "localhost", "gather_facts": False, "tasks": tasks(index),
+                      "vars_files": [os.path.join(role, "defaults", "main.yml"), os.path.join(role, "vars", "main.yml"), str(given)]})
+    playbook = tmp_path / "plays.yml"
+    playbook.write_text(yaml.safe_dump(plays))
+    run = subprocess.run([os.path.join(BIN, "ansible-playbook"), "-i", "localhost,", "-c", "local", "-e",
+                          json.dumps({"ansible_python_interpreter": sys.executable}), str(playbook)],
+                         cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300, check=False)
+    assert run.returncode == 0, run.stdout[-3000:]
+
+
+def test_the_role_s_stop_waits_for_the_engine_s_drain(tmp_path):
+    """vLLM's --shutdown-timeout in the launcher only when asked, and the role's stop waits the drain + 15 s at least."""
+    role = os.path.join(ROOT, "roles", "local_engine")
+    _plays(tmp_path, [case[0] for case in STOP_CASES], lambda index: [
+        {"ansible.builtin.include_tasks": os.path.join(role, "tasks", "preflight.yml")},
+        {"ansible.builtin.copy": {"content": "{{ _local_engine_stop_timeout }}", "dest": str(tmp_path / ("wait-%d" % index))}},
+        {"ansible.builtin.template": {"src": os.path.join(role, "templates", "engine.sh.j2"), "dest": str(tmp_path / ("engine-%d.sh" % index))}}])
+    for index, (settings, wait, flag) in enumerate(STOP_CASES):
+        assert int((tmp_path / ("wait-%d" % index)).read_text()) == wait, settings
+        argv = (tmp_path / ("engine-%d.sh" % index)).read_text().split()
+        assert (argv[argv.index("--shutdown-timeout") + 1] if "--shutdown-timeout" in argv else None) == flag, settings
+
+
+def test_a_shutdown_timeout_outside_its_variable_is_refused(tmp_path):
+    role = os.path.join(ROOT, "roles", "local_engine")
+    _plays(tmp_path, [case[0] for case in REFUSED], lambda index: [{
+        "block": [{"ansible.builtin.include_tasks": os.path.join(role, "tasks", "preflight.yml")}],
+        "rescue": [{"ansible.builtin.copy": {"content": "{{ ansible_failed_result.msg }}", "dest": str(tmp_path / ("refused-%d" % index))}}]}])
+    for index, (settings, sentence) in enumerate(REFUSED):
+        message = (tmp_path / ("refused-%d" % index)).read_text()
+        assert message.startswith(sentence) and message.count(".") == 1, (settings, message)
