@@ -31,6 +31,7 @@ class TLSProxy:
         self.listener.listen(16)
         self.url = "https://127.0.0.1:%d" % self.listener.getsockname()[1]
         self.refused = 0   # handshakes that failed (a client that did not trust the certificate)
+        self.refusals = []  # why each failed, as the server side saw it
         self._stop = threading.Event()
 
     def start(self):
@@ -52,8 +53,9 @@ class TLSProxy:
     def _serve(self, raw):
         try:
             client = self.context.wrap_socket(raw, server_side=True)
-        except (ssl.SSLError, OSError):
+        except (ssl.SSLError, OSError) as exc:
             self.refused += 1
+            self.refusals.append(str(exc))
             raw.close()
             return
         upstream = socket.create_connection(self.target)

@@ -207,7 +207,10 @@ def test_rendered_lmcache_is_accepted(commands, lmcache_checked, name):  # pylin
         connector = connector[0]
         where = "%s/%s" % (name, group)
         # the connector dials the server it is beside, with the same chunk hash and a transfer mode the server offers
-        assert served["host"] == "127.0.0.1" and served["http_host"] == "127.0.0.1", "%s: the LMCache server listens beyond the pod: %s" % (where, served)
+        # ZMQ (the engine's KV) never beyond the pod; the HTTP port (LMCache's metrics beside its admin API) on the pod's
+        # addresses where a PodMonitor scrapes it, admitted by the NetworkPolicy to the scraper only (test_render_k8s_production)
+        assert served["host"] == "127.0.0.1", "%s: the LMCache server's ZMQ port listens beyond the pod: %s" % (where, served)
+        assert served["http_host"] in ("127.0.0.1", "0.0.0.0"), "%s: the LMCache server's HTTP host is %s" % (where, served["http_host"])
         assert connector["server_url"] == "tcp://127.0.0.1:%d" % served["port"], (where, connector, served)
         assert connector["hash_algorithm"] == served["hash_algorithm"], (where, connector, served)
         assert served["supported_transfer_mode"] in ("auto", connector["transfer_mode"]), (where, connector, served)
