@@ -274,17 +274,20 @@ def test_the_epps_own_prefix_match_from_its_metrics():
 
 
 def test_make_renders_and_passes_every_configuration_of_both_epps():
-    """benchmarks/epp_configs.yml renders the GIE configs with router_impl gie; the Makefile passes them as --gie-config."""
+    """benchmarks/epp_configs.yml renders the GIE configs with router_impl gie; the benchmark's playbook passes them as
+    --gie-config, and starts bench-b on 127.0.0.2 at bench-a's port (an InferencePool's single target port)."""
     import yaml  # pylint: disable=import-outside-toplevel
     with open(os.path.join(ROOT, "benchmarks", "epp_configs.yml"), encoding="utf-8") as handle:
         tasks = yaml.safe_load(handle)[0]["tasks"]
     gie = dict((t["vars"]["router_render_dir"].rsplit("/", 1)[1], t["vars"]) for t in tasks if (t.get("vars") or {}).get("router_impl") == "gie")
     assert sorted(gie) == ["gie", "gie-equal"] and all(v["router_scoring_mode"] == "approximate" for v in gie.values())
     assert [gie["gie-equal"]["router_gie_%s_weight" % w] for w in ("queue_scorer", "kv_cache_utilization", "prefix_scorer")] == [1.0] * 3
-    with open(os.path.join(ROOT, "Makefile"), encoding="utf-8") as handle:
-        makefile = handle.read()
-    assert "$(foreach m,gie gie-equal,--gie-config $(m)=$(BENCH_EPP_DIR)/$(m)/router/epp-config.yaml)" in makefile
-    assert '"instance": "bench-b", "host": "127.0.0.2", "port": 8400,' in makefile
+    with open(os.path.join(ROOT, "benchmarks", "bench_routing.yml"), encoding="utf-8") as handle:
+        play = [p for p in yaml.safe_load(handle) if "_bench_configs" in (p.get("vars") or {})][0]["vars"]
+    assert "+ ['gie', 'gie-equal'] | map('regex_replace', '^(.*)$', '--gie-config=\\1=' ~ _bench_dir ~ '/epp/\\1/router/epp-config.yaml')" \
+        in play["_bench_configs"]
+    engines = dict((e["instance"], e) for e in play["bench_engines"])
+    assert engines["bench-b"]["host"] == "127.0.0.2" and engines["bench-b"]["port"] == engines["bench-a"]["port"] == 8400
 
 
 def test_every_configuration_gets_a_tag_of_one_token_count():

@@ -444,8 +444,10 @@ def test_weights_changed_in_place_never_meet_their_old_chunks(tmp_path):
         client.post_json("/reset_prefix_cache", {})
         assert answer()[2] > 0
         rc, result = _lmcache_check({"url": url}, lmcache_url="http://127.0.0.1:%d" % (port + 51))
-        assert rc == 0 and result["lmcache_model_names"] == [
-            os.path.join(run_dir, name) for name in os.listdir(run_dir) if name.startswith("weights-")], result
+        # The server still lists the old engine's registration (LMCache reaps an engine that stopped pinging only after its
+        # grace period), under the old weights' name, which no engine asks for any more.
+        links = [os.path.join(run_dir, name) for name in os.listdir(run_dir) if name.startswith("weights-")]
+        assert rc == 0 and len(links) == 1 and links[0] in result["lmcache_model_names"], result
     finally:
         stop = _playbook("playbooks/teardown.yml", *args)
         assert stop.returncode == 0, stop.stdout[-3000:]
