@@ -115,6 +115,8 @@ def _render(tmp_path, **extra):
         "hosts": "localhost", "gather_facts": False, "vars": variables,
         "vars_files": [os.path.join(ROLE, "vars", "main.yml")],
         "tasks": [{"ansible.builtin.include_vars": {"file": os.path.join(ROOT, "vars", "pinned_versions.yml"), "name": "_substrate_pins"}},
+                  # where the builds live (go_builds_info), as the role's dependency publishes it; builds nothing
+                  {"ansible.builtin.include_role": {"name": "inference_cache.substrate.go_builds"}},
                   {"ansible.builtin.template": {"src": os.path.join(ROLE, "templates", "engine.sh.j2"), "dest": str(tmp_path / "engine.sh")},
                    "vars": {"item": "{{ _simulated_engine_all[1] }}"}}],
     }]))
