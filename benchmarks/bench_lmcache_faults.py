@@ -137,15 +137,7 @@ class Stack:
     def _signal(self, pid, signum):
         """``signum`` to the server's process group and every process of its session and their descendants."""
         targets = process.handles(sorted(set(process.members(pid)) | {pid}))
-        try:
-            os.killpg(pid, signum)
-        except OSError:
-            pass
-        for handle in targets:
-            try:
-                handle.send_signal(signum)
-            except process.psutil.Error:
-                pass
+        supervisor.signal_all(pid, targets, signum)
         return [h.pid for h in targets]
 
     def kill(self):

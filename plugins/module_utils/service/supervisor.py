@@ -165,7 +165,7 @@ def status(files):
     }
 
 
-def _signal_all(leader, handles, signum):
+def signal_all(leader, handles, signum):
     """``signum`` to the process group of ``leader`` (while it has members, so its id cannot name another group) and
     to each process of ``handles`` that is still the one listed."""
     if process.group(leader):
@@ -188,14 +188,14 @@ def stop_group(leader, pids, timeout):
     """SIGTERM the group of ``leader`` and ``pids``, a bounded wait, SIGKILL what is left; returns what remains."""
     handles = process.handles(sorted(set(pids) | set(process.members(leader)) | {leader}))
     targets = sorted(h.pid for h in handles)
-    _signal_all(leader, handles, signal.SIGTERM)
+    signal_all(leader, handles, signal.SIGTERM)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline and _still(leader, handles):
         time.sleep(0.2)
     killed = _still(leader, handles)
     if killed:
         handles = process.handles(sorted(set(killed) | set(h.pid for h in handles if process.running(h))))
-        _signal_all(leader, handles, signal.SIGKILL)
+        signal_all(leader, handles, signal.SIGKILL)
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline and _still(leader, handles):
             time.sleep(0.1)
