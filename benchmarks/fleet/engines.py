@@ -79,13 +79,7 @@ class Truth:
             held.clear()
 
     def leading(self, name, keys):
-        held = self.held.get(name) or ()
-        count = 0
-        for key in keys:
-            if key not in held:
-                break
-            count += 1
-        return count
+        return kv_index.leading(self.held.get(name) or (), keys)
 
     def anywhere(self, name, keys):
         """The blocks of ``keys`` the engine holds wherever they are: what the simulator counts as cached

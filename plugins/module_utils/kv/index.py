@@ -113,6 +113,16 @@ def normalize_hash(value):
     return value
 
 
+def leading(held, keys):
+    """How many of ``keys``, from the first, are in ``held``: the prefix a precise router credits an engine with."""
+    count = 0
+    for key in keys:
+        if key not in held:
+            break
+        count += 1
+    return count
+
+
 class EngineBlocks:
     """The blocks one engine holds: engine hash -> request keys, and request key -> live copies."""
 
@@ -260,13 +270,7 @@ class KVBlockIndex:
         blocks = self.engines.get(engine)
         if blocks is None:
             return 0
-        held = blocks.held
-        count = 0
-        for key in keys:
-            if key not in held:
-                break
-            count += 1
-        return count
+        return leading(blocks.held, keys)
 
     def lookup_all(self, keys, engines=None):
         return dict((name, self.lookup(name, keys)) for name in (engines if engines is not None else self.engines))
