@@ -97,6 +97,17 @@ else
   wait
 fi
 
+# What a failing stage said last, again, just above the summary: where only the end of this output is kept (a CI
+# page's tail), each failure still shows its reason.
+for stage in "${stages[@]}"; do
+  read -r rc _secs < "$logs/$stage.status" 2>/dev/null || rc=missing
+  if [ "$rc" != 0 ]; then
+    printf '\n===== the end of the failed stage %s (whole in %s) =====\n' "$stage" "$logs/$stage.log"
+    grep -E '^(E  |FAILED|ERROR|fatal:|\[core-matrix\]|\[release\])|Error|error:' "$logs/$stage.log" 2>/dev/null | tail -n 25
+    tail -n 15 "$logs/$stage.log" 2>/dev/null
+  fi
+done
+
 passed=0; failed=0
 printf '\n===== summary (%ss in all) =====\n' "$((SECONDS - start_all))"
 for stage in "${stages[@]}"; do

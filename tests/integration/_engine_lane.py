@@ -10,6 +10,7 @@ from __future__ import absolute_import, division, print_function
 __metaclass__ = type  # pylint: disable=invalid-name
 
 import os
+import socket
 import subprocess
 
 import pytest
@@ -36,3 +37,15 @@ def engine_installed():
 def playbook(*args, timeout=900, env=None):
     cmd = [PLAYBOOK if os.path.exists(PLAYBOOK) else "ansible-playbook"] + list(args)
     return subprocess.run(cmd, cwd=ROOT, env=env or ENV, capture_output=True, text=True, timeout=timeout, check=False)
+
+
+def port_free(port, host="127.0.0.1"):
+    """Whether ``port`` on ``host`` can be bound now, as the engine and the probe bind it (SO_REUSEADDR: connections of
+    an earlier run in TIME_WAIT do not count)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+            return True
+        except OSError:
+            return False

@@ -33,7 +33,6 @@ import os
 import queue
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -45,7 +44,7 @@ import pytest
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _engine_lane import ROOT, STATE_DIR  # noqa: E402  pylint: disable=wrong-import-position
 from _engine_lane import engine_installed as _engine_installed  # noqa: E402  pylint: disable=wrong-import-position
-from _engine_lane import playbook as _playbook, skip_or_fail as _skip_or_fail  # noqa: E402  pylint: disable=wrong-import-position
+from _engine_lane import port_free as _port_free, playbook as _playbook, skip_or_fail as _skip_or_fail  # noqa: E402  pylint: disable=wrong-import-position
 from ansible_collections.inference_cache.substrate.plugins.module_utils.go import build as _go_build  # noqa: E402  pylint: disable=wrong-import-position,wrong-import-order
 
 
@@ -137,17 +136,6 @@ class Probe:
             except (ProcessLookupError, subprocess.TimeoutExpired):
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait(timeout=10)
-
-
-def _port_free(port):
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        # As the engine and the probe bind (SO_REUSEADDR): connections of an earlier run in TIME_WAIT do not count.
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind(("127.0.0.1", port))
-            return True
-        except OSError:
-            return False
 
 
 def _post(path, body, timeout=300):

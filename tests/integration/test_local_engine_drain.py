@@ -39,7 +39,6 @@ import fcntl
 import json
 import os
 import re
-import socket
 import subprocess
 import sys
 import threading
@@ -50,7 +49,7 @@ import urllib.request
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _engine_lane import ENV, PLAYBOOK, ROOT, STATE_DIR  # noqa: E402  pylint: disable=wrong-import-position
 from _engine_lane import engine_installed as _engine_installed  # noqa: E402  pylint: disable=wrong-import-position
-from _engine_lane import playbook as _playbook  # noqa: E402  pylint: disable=wrong-import-position
+from _engine_lane import port_free as _port_free, playbook as _playbook  # noqa: E402  pylint: disable=wrong-import-position
 from ansible_collections.inference_cache.substrate.plugins.module_utils.service import process  # noqa: E402  pylint: disable=wrong-import-position,wrong-import-order
 
 # Ports no other run uses (make test: 8000, 5557-5558, 8100-8150, 8200, 8300-8310, 8520; bench: 8400-8401, 8500-8513).
@@ -70,16 +69,6 @@ def _vars(shutdown_timeout):
                               "local_engine_kv_events": False, "local_engine_kv_events_replay_endpoint": "",
                               "local_engine_stop_timeout": STOP_TIMEOUT, "local_engine_shutdown_timeout": shutdown_timeout}),
             "--tags", "local_engine"]
-
-
-def _port_free(port):
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind(("127.0.0.1", port))
-            return True
-        except OSError:
-            return False
 
 
 def _read(path):

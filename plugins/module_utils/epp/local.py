@@ -41,18 +41,16 @@ import http.client
 import json
 import os
 import re
-import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 from urllib.parse import urlsplit
 
 from ..common.errors import CheckError
 from ..common.wiring import GIE_VERSION, ROUTER_IMPLS, ROUTER_VERSION
 from ..go.build import build_dir as _build_dir, state_dir
-from ..service.confine import Confined, ConfinementError, stop_group
+from ..service.confine import Confined, ConfinementError, StopRequest, stop_group
 from .local_kube import kube_server, service_account_kubeconfig
 
 IMPLS = tuple(sorted(ROUTER_IMPLS))
@@ -328,9 +326,7 @@ def serve(binary, impl, config, folder, grpc_port, metrics_port, endpoints=(), k
             kubeconfig = service_account_kubeconfig(kubeconfig, namespace, service_account, os.path.join(folder, "epp.kubeconfig"))
         # A stop asked for while the EPP and its bridge are being set up is kept for after it (the default action would
         # leave the bridge's sockets' folder behind).
-        stopping = threading.Event()
-        signal.signal(signal.SIGTERM, lambda *_: stopping.set())
-        signal.signal(signal.SIGINT, lambda *_: stopping.set())
+        stopping = StopRequest()
         epp = EPP(binary, loaded, list(endpoints), folder, secure=secure, name="epp", impl=impl, pool=pool or "substrate-local",
                   kubeconfig=kubeconfig, namespace=namespace, host_ports={"grpc": grpc_port, "metrics": metrics_port})
     except CheckError as exc:
@@ -340,19 +336,19 @@ def serve(binary, impl, config, folder, grpc_port, metrics_port, endpoints=(), k
         err.write("The EPP could not be started: %s.\n" % exc)
         return 1
     try:
-        if stopping.is_set():
+        if stopping.asked:
             return 0
         epp.start(timeout=120)
         out.write("EPP (%s) serving ext_proc on %s, metrics on %s; log %s\n" % (impl, epp.address, epp.metrics_url, epp.log_path))
         out.flush()
-        while not stopping.is_set() and epp.proc.poll() is None:
+        while not stopping.asked and epp.proc.poll() is None:
             stopping.wait(0.5)
     except CheckError as exc:
         err.write("%s\n" % exc.msg)
         return 1
     finally:
         epp.stop()
-    if not stopping.is_set():
+    if not stopping.asked:
         err.write("The EPP exited with %s; its log ends:\n%s\n" % (epp.proc.returncode, epp.log()))
         return 1
     return 0
