@@ -24,8 +24,8 @@ What runs, with the engine venv's Python (``~/.cache/inference_cache/local_engin
   command plus ``--enable-scale-out``) started as a local process; it must answer ``/health``, list the served name,
   publish the KV events of a completion under the rendered topic (counted by the verifier's own ``kv_events_check``
   logic, every batch one the EPP v0.9.0's decoder takes) and answer ``/v1/completions/render``.
-* then that engine is stopped as the kubelet stops a pod: SIGTERM to its first process a second after the engine reports
-  a long completion running (``vllm:num_requests_running``). With the rendered ``--shutdown-timeout``
+* then that engine is stopped as the kubelet stops a pod: SIGTERM to its first process as soon as a long streamed
+  completion has its first token (in flight, whatever the machine's load). With the rendered ``--shutdown-timeout``
   (model_server_shutdown_timeout, 45) the request finishes, every token, seconds after the signal, and the engine exits;
   ``test_without_shutdown_timeout_a_request_in_flight_is_aborted`` starts the same command
   with vLLM 0.32.0's default, 0, and the request is cut short (vllm/v1/engine/core.py ``_handle_shutdown``: abort).
@@ -322,31 +322,52 @@ def replace_value(argv, flag, value):
 
 
 class Completion(threading.Thread):
-    """One completion (``ignore_eos``: exactly ``max_tokens`` tokens unless the engine stops it), answered as a whole."""
+    """One streamed completion (``ignore_eos``: exactly ``max_tokens`` tokens unless the engine stops it). ``streaming``
+    is set at its first token (in flight for sure); ``answer`` holds what the stream said: ``finish_reason``, and the
+    tokens counted (its usage where the engine sent one). A stream silent for ``read_timeout`` seconds is given up (an
+    error): vLLM 0.32.0 stopped with --shutdown-timeout 0 kills its engine core, sends nothing more, and its HTTP server
+    waits for the open stream to close (seen here: no token and no end for 300 s, the API server alive all along)."""
 
-    def __init__(self, url, model, prompt, max_tokens):
+    def __init__(self, url, model, prompt, max_tokens, read_timeout=30):
         super(Completion, self).__init__(daemon=True)
-        self.url, self.max_tokens = url, max_tokens
-        self.body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True}
+        self.url, self.max_tokens, self.read_timeout = url, max_tokens, read_timeout
+        self.body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True,
+                     "stream": True, "stream_options": {"include_usage": True}}
         self.status, self.answer, self.error, self.done = None, None, None, None
+        self.streaming = threading.Event()
 
     def run(self):
+        answer = {"finish_reason": None, "completion_tokens": 0, "usage": None, "ended": False}
+        req = urllib.request.Request(self.url + "/v1/completions", data=json.dumps(self.body).encode(),
+                                     headers={"Content-Type": "application/json"})
         try:
-            self.status, self.answer = post_json(self.url + "/v1/completions", self.body, timeout=300)
+            with urllib.request.urlopen(req, timeout=self.read_timeout) as resp:
+                self.status = resp.status
+                for raw in resp:
+                    line = raw.decode(errors="replace").strip()
+                    if not line.startswith("data:"):
+                        continue
+                    data = line[len("data:"):].strip()
+                    if data == "[DONE]":
+                        answer["ended"] = True
+                        break
+                    chunk = json.loads(data)
+                    answer["usage"] = chunk.get("usage") or answer["usage"]
+                    for choice in chunk.get("choices") or []:
+                        answer["completion_tokens"] += 1 if choice.get("text") is not None else 0
+                        answer["finish_reason"] = choice.get("finish_reason") or answer["finish_reason"]
+                    self.streaming.set()
+        except urllib.error.HTTPError as exc:
+            self.status, self.error = exc.code, exc.read().decode(errors="replace")[:300]
         except (urllib.error.URLError, OSError, ValueError) as exc:  # a dropped connection
             self.error = "%s: %s" % (type(exc).__name__, exc)
+        if answer["usage"]:
+            answer["completion_tokens"] = answer["usage"].get("completion_tokens", answer["completion_tokens"])
+        if self.status == 200 and not answer["ended"] and not self.error:
+            self.error = "the stream ended without [DONE]"
+        self.answer = answer
         self.done = time.monotonic()
-
-
-def requests_running(url, timeout=5):
-    """vllm:num_requests_running of the engine's /metrics (None where it does not answer)."""
-    try:
-        with urllib.request.urlopen(url + "/metrics", timeout=timeout) as resp:
-            text = resp.read().decode(errors="replace")
-    except (urllib.error.URLError, OSError):
-        return None
-    values = [float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith("vllm:num_requests_running")]
-    return sum(values) if values else None
+        self.streaming.set()
 
 
 def decode_rate(url, served):
@@ -364,15 +385,12 @@ def decode_rate(url, served):
 
 def stop_during_a_request(engine, url, served, max_tokens):
     """SIGTERM to the engine's first process (what the kubelet sends a container's PID 1, after the preStop hook) while a
-    long request runs: once the engine reports it running (vllm:num_requests_running), or two seconds after it was sent
-    (a loaded engine answers its metrics late, and a fast one may finish the request before they show it); what became
-    of it, and of the engine. That it was in flight is shown by its answer: the tokens it got and when."""
+    long request streams: as soon as its first token arrived, so it is in flight whatever the machine's load; what became
+    of it, and of the engine."""
     request = Completion(url, served, "A request in flight while the pod stops: " + " ".join("w%d" % i for i in range(40)), max_tokens)
     request.start()
     sent_at = time.monotonic()
-    while request.done is None and time.monotonic() - sent_at < 2.0 and not requests_running(url, timeout=0.5):
-        time.sleep(0.1)
-    time.sleep(0.2)
+    assert request.streaming.wait(180), "no token within 180 s\n%s" % engine.tail()
     assert request.done is None, "the request was over before the signal (HTTP %s %s after %.1f s): make it longer\n%s" % (
         request.status, request.error, time.monotonic() - sent_at, engine.tail())
     sent = time.monotonic()
@@ -383,13 +401,11 @@ def stop_during_a_request(engine, url, served, max_tokens):
     except subprocess.TimeoutExpired:
         pass
     exited = time.monotonic()
-    choice = ((request.answer or {}).get("choices") or [{}])[0] if isinstance(request.answer, dict) else {}
-    usage = (request.answer or {}).get("usage") or {} if isinstance(request.answer, dict) else {}
-    return {"status": request.status, "error": request.error, "finish_reason": choice.get("finish_reason"),
-            "completion_tokens": usage.get("completion_tokens"), "max_tokens": max_tokens,
+    answer = request.answer or {}
+    return {"status": request.status, "error": request.error, "finish_reason": answer.get("finish_reason"),
+            "completion_tokens": answer.get("completion_tokens"), "max_tokens": max_tokens,
             "answered_after_s": round(request.done - sent, 2) if request.done else None,
-            "exit_after_s": round(exited - sent, 2), "exit_code": engine.proc.poll(),
-            "answer": None if isinstance(request.answer, dict) else str(request.answer)[:300]}
+            "exit_after_s": round(exited - sent, 2), "exit_code": engine.proc.poll()}
 
 
 def test_vllm_cpu_pod_command_serves(commands, checked, tmp_path):  # pylint: disable=redefined-outer-name
@@ -474,10 +490,12 @@ def test_without_shutdown_timeout_a_request_in_flight_is_aborted(commands, check
         rate = decode_rate(url, served)
         stopped = stop_during_a_request(engine, url, served, max_tokens)
         print("SIGTERM with --shutdown-timeout 0, %d tokens at %.0f tokens/s: %s" % (max_tokens, rate, stopped))
-        # Cut short: an aborted answer (finish_reason abort, fewer tokens), or none at all.
+        # Cut short: an aborted answer (finish_reason abort, fewer tokens), a dropped connection, or a stream that stalls
+        # (vLLM 0.32.0 kills its engine core and its HTTP server waits for the stream to close: the client gives up).
         assert not (stopped["status"] == 200 and stopped["finish_reason"] == "length"), (stopped, engine.tail())
         assert stopped["finish_reason"] == "abort" or stopped["status"] != 200 or stopped["error"], stopped
         assert (stopped["completion_tokens"] or 0) < max_tokens, stopped
+        assert stopped["exit_code"] is not None, (stopped, engine.tail())   # once the stream is closed, at the latest
     finally:
         left = engine.stop()
     assert not left, "processes left running: %s" % left
