@@ -142,7 +142,7 @@ BENCH_KWOK_DIR := $(HOME)/.cache/inference_cache/kwok_cluster/clusters/substrate
 
 # The fleet study (docs/routing-study/fleet.md): one playbook sets up the kwok cluster, the GIE router's InferencePool and 8
 # simulated engines through the collection's roles, runs every policy with two seeds (benchmarks/fleet/), writes the report
-# into docs/routing-study/fleet and stops everything (about 20 minutes on 2 cores; ARGS: more -e options).
+# into docs/routing-study/fleet and stops everything (18 min 38 s on 2 cores, 2026-12-06; ARGS: more -e options).
 study-fleet: setup  ## The fleet study: when precise routing pays over approximate (kwok cluster, GIE EPP, 8 simulated engines, 2 seeds) into docs/routing-study/fleet
 	$(BIN)/ansible-playbook -i inventories/kwok benchmarks/fleet/study.yml -e fleet_study_report=$(CURDIR)/docs/routing-study/fleet $(ARGS)
 
