@@ -11,8 +11,12 @@ from __future__ import absolute_import, division, print_function
 __metaclass__ = type  # pylint: disable=invalid-name
 
 import os
+import random
 import socket
+import subprocess
+import sys
 import threading
+import time
 
 import pytest
 
@@ -88,23 +92,24 @@ def test_a_stop_request_is_a_flag_that_wait_reports(monkeypatch):
 
 
 # The loop of confine.run and epp/local.serve, stopped by SIGTERM at any moment; with threading.Event's set() as the
-# handler, about 1 stop in 300 deadlocked (the handler waits for the lock Event.wait holds in the same thread).
-_LOOP = ("import sys\nfrom ansible_collections.inference_cache.substrate.plugins.module_utils.service.confine import StopRequest\n"
-         "stopping = StopRequest()\nsys.stdout.write('ready\\n')\nsys.stdout.flush()\nwhile not stopping.wait(0.0005):\n    pass\n")
+# handler, about 1 stop in 300 deadlocked (the handler waits for the lock Event.wait holds in the same thread). The
+# program reaches the collection through its one loader (argv[1]), as the confined programs do.
+_LOOP = """import importlib.util, sys
+spec = importlib.util.spec_from_file_location("inference_cache_substrate_loader", sys.argv[1])
+loader = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(loader)
+stopping = loader.module_utils("service.confine").StopRequest()
+sys.stdout.write("ready\\n")
+sys.stdout.flush()
+while not stopping.wait(0.0005):
+    pass
+"""
 
 
 def test_a_stop_request_ends_the_loop_whenever_the_signal_lands():
-    import random  # pylint: disable=import-outside-toplevel
-    import subprocess  # pylint: disable=import-outside-toplevel
-    import sys  # pylint: disable=import-outside-toplevel
-    import time  # pylint: disable=import-outside-toplevel
-    top = os.path.abspath(C.__file__)
-    for _level in range(7):   # .../ansible_collections/inference_cache/substrate/plugins/module_utils/service/confine.py
-        top = os.path.dirname(top)
-    env = dict(os.environ, PYTHONPATH=top)
     hung = []
     for attempt in range(100):
-        proc = subprocess.Popen([sys.executable, "-c", _LOOP], stdout=subprocess.PIPE, env=env)  # pylint: disable=consider-using-with
+        proc = subprocess.Popen([sys.executable, "-c", _LOOP, C._LOADER], stdout=subprocess.PIPE)  # pylint: disable=consider-using-with,protected-access
         assert proc.stdout.readline() == b"ready\n"
         time.sleep(random.random() * 0.003)
         proc.terminate()
