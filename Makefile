@@ -62,8 +62,9 @@ units: setup  ## ansible-test units on a staged copy (no Docker): every test fil
 	@# A group that never starts reports "no tests ran" and exits 0: compare its junit reports with the files on disk.
 	$(BIN)/python scripts/check_units_collected.py
 
-# pytest with skip reasons and the slowest tests listed; with the real engine started when none runs, and required.
-PYTEST := $(BIN)/pytest -rs --durations=10
+# pytest with the failed tests, errors and skip reasons (-rfEs: "FAILED path::test - reason" lines, which the
+# summary of `make test` repeats last) and the slowest tests listed; with the real engine started when none runs, and required.
+PYTEST := $(BIN)/pytest -rfEs --durations=10
 PYTEST_ENGINE := LOCAL_ENGINE_START=1 LOCAL_ENGINE_REQUIRED=1 $(PYTEST)
 ENGINE_TESTS := tests/integration/test_local_engine_e2e.py tests/integration/test_kv_events_engine.py tests/integration/test_rendered_engine_commands.py tests/integration/test_rendered_lmcache_commands.py \
                 tests/integration/test_kvcache_probe_engine.py tests/integration/test_epp_route_engine.py \

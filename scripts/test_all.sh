@@ -116,6 +116,16 @@ for stage in "${stages[@]}"; do
   printf '  %-16s %-16s %5ss   %s\n' "$stage" "$state" "$secs" "$(scripts/stage_summary.sh "$stage" "$logs/$stage.log" 2>/dev/null)"
 done
 echo "stages: $passed passed, $failed failed"
+# And once more in a few lines, last of all: a CI page that keeps only the last twenty-odd lines still names the
+# failed test (pytest's "FAILED path::test - reason") or task.
+for stage in "${stages[@]}"; do
+  read -r rc _secs < "$logs/$stage.status" 2>/dev/null || rc=missing
+  if [ "$rc" != 0 ]; then
+    echo "why $stage failed:"
+    { grep -E '^(FAILED|ERROR) |fatal:|^\[core-matrix\].*(FAILED|failed)|^\[release\].*(FAILED|failed)' "$logs/$stage.log" 2>/dev/null \
+        || tail -n 3 "$logs/$stage.log" 2>/dev/null; } | tail -n 6 | cut -c1-400 | sed 's/^/  /'
+  fi
+done
 leftovers=$(find "$suite_tmp" -mindepth 1 -maxdepth 1 ! -name "pytest-of-*" ! -name "k8srcp-*.json" -printf '%f\n' | sort)
 if [ -n "$leftovers" ]; then
   echo "left in the temporary folder by the stages (each should remove what it makes): $(echo "$leftovers" | tr '\n' ' ')"
