@@ -14,7 +14,8 @@ short_description: Prove that an LLM server's prefix cache hits, with a cold and
 version_added: 0.1.0
 description:
   - Sends a cold and a warm completion that share a long prefix to an OpenAI-compatible server (vLLM, SGLang).
-    A unique nonce at the start of the prefix makes the cold request really cold.
+    A unique nonce at the start of the prefix makes the cold request really cold. Each request ends with a tail of
+    its own at least one block long, so the warm request also stores a block the cold one did not.
   - Measures time to first token (by streaming) and total latency of both, reads the engine's Prometheus counters
     before, between and after, and reports the prefix-cache hit and query token deltas of each request, the
     C(cached_tokens) the server reports in C(usage.prompt_tokens_details), and the cold/warm ratios.
@@ -84,8 +85,71 @@ options:
     description: Fail unless the warm request's time to first token is lower than the cold one's.
     type: bool
     default: false
+  kv_events:
+    description:
+      - The engine's KV-event stream, to watch what it announces for the cold and for the warm request apart
+        (RV(kv_events)), as M(inference_cache.substrate.kv_events_check) with each request as its trigger, without
+        two more requests and module runs. Omit it to skip that part.
+      - Each request gets a window of its own. The subscription opens, the request goes O(kv_events.delay) after the
+        engine's publisher connected, and the window closes once the expectations are met and the stream stayed
+        quiet for O(kv_events.settle). A window that fails fails the module, naming the request.
+      - The wire dialect is O(engine)'s (V(auto) detects it from the frames).
+    type: dict
+    suboptions:
+      endpoint:
+        description:
+          - ZMQ endpoint of the engine's KV-event publisher (a C(tcp://), C(ipc://) or C(inproc://) endpoint).
+          - With O(kv_events.socket_mode=connect) the address the engine binds; with O(kv_events.socket_mode=bind) the
+            local address the engine connects to.
+        type: str
+        required: true
+      socket_mode:
+        description: V(bind) when the engine connects (vLLM with an endpoint without C(*) or C(::)), V(connect) when it binds.
+        type: str
+        choices: [connect, bind]
+        default: connect
+      topic:
+        description: Topic prefix of the engine's messages (a byte-prefix match); V("") accepts every topic.
+        type: str
+        default: ""
+      data_parallel_size:
+        description: Number of data-parallel ranks (rank N publishes on the port of O(kv_events.endpoint) plus N); 1 to 64.
+        type: int
+        default: 1
+      replay_endpoint:
+        description:
+          - ROUTER endpoint of the engine's replay buffer, to repair sequence gaps and fetch the tail of each window.
+        type: str
+      timeout:
+        description: Seconds each window may take in total (connection, request, events, replay); above 0, at most 86400.
+        type: float
+        default: 30.0
+      settle:
+        description: Seconds without a message, once the expectations are met, that close a window; 0 to 3600.
+        type: float
+        default: 1.0
+      delay:
+        description: Seconds between the publisher's connection and the request of each window; 0 to 60.
+        type: float
+        default: 0.05
+      expect:
+        description:
+          - Least number of events per type in each window, keyed by V(BlockStored), V(BlockRemoved) or
+            V(AllBlocksCleared). V({}) only requires one batch.
+        type: dict
+        default: {BlockStored: 1}
+      router_version:
+        description: The llm-d router whose KV-event decoder each batch is held against; V(none) skips it.
+        type: str
+        default: v0.9.0
+        choices: [v0.9.0, none]
+      expect_router_decodes:
+        description: Fail when that router's decoder would drop a batch.
+        type: bool
+        default: false
 requirements:
   - prometheus_client
+  - pyzmq and msgspec, with O(kv_events)
 notes:
   - Use a prefix of several blocks; only full blocks are cached, so the expected hit is the prefix length rounded
     down to a block (RV(expected_hit_tokens)). When every full block of a prompt is cached, vLLM still computes the
@@ -243,6 +307,15 @@ latency_ratio:
   returned: success
   type: float
   sample: 2.1
+kv_events:
+  description:
+    - With O(kv_events), what the engine's KV events announced during each request, under C(cold) and C(warm); each
+      has the fields M(inference_cache.substrate.kv_events_check) returns (C(counts), C(stored_tokens),
+      C(block_size), C(media), C(trigger) with the request's C(prompt_tokens) and C(cached_tokens), ...).
+    - On failure, the windows watched until then.
+  returned: success with O(kv_events), and failure in a window
+  type: dict
+  sample: {cold: {counts: {BlockStored: 10}, stored_tokens: 320, block_size: 32}, warm: {counts: {BlockStored: 1}}}
 failures:
   description: The expectations that did not hold, one sentence each.
   returned: failure
@@ -251,6 +324,8 @@ failures:
   sample: ["The warm request hit 32 cached tokens, fewer than min_hit_tokens=256."]
 """
 
+
+from ansible.module_utils.basic import missing_required_lib
 
 from ansible_collections.inference_cache.substrate.plugins.module_utils.common.errors import CheckError
 from ansible_collections.inference_cache.substrate.plugins.module_utils.common.module import run_module
@@ -262,6 +337,9 @@ from ansible_collections.inference_cache.substrate.plugins.module_utils.http.pre
     PrefixCacheProbe,
     evaluate,
 )
+from ansible_collections.inference_cache.substrate.plugins.module_utils.kv.consumer import HAS_ZMQ, ZMQ_IMPORT_ERROR
+from ansible_collections.inference_cache.substrate.plugins.module_utils.kv.events import HAS_MSGSPEC, MSGSPEC_IMPORT_ERROR
+from ansible_collections.inference_cache.substrate.plugins.module_utils.kv.events_check import WINDOW_OPTIONS, RequestWindows
 
 # The option table (common/options.py): the argument spec and the ranges, checked before any request.
 OPTIONS = dict(
@@ -277,6 +355,7 @@ OPTIONS = dict(
     timeout=dict(type="float", default=60, range=(0, 3600, "open-low")),
     min_hit_tokens=dict(type="int", no_log=False, range=(0, None)),
     expect_warm_faster=dict(type="bool", default=False),
+    kv_events=dict(type="dict", options=WINDOW_OPTIONS),
 )
 
 
@@ -294,15 +373,29 @@ def _always(params):
 def _measure(params, module):
     url, metrics_url = _urls(params)
     client = OpenAIClient(url, timeout=params["timeout"], **client_options(params))
+    windows = None
+    if params["kv_events"]:
+        for name, present, error in (("pyzmq", HAS_ZMQ, ZMQ_IMPORT_ERROR), ("msgspec", HAS_MSGSPEC, MSGSPEC_IMPORT_ERROR)):
+            if not present:
+                module.fail_json(msg=missing_required_lib(name), exception=error)
+        windows = RequestWindows(params["kv_events"], url, model=lambda: probe.model, engine=params["engine"])
     probe = PrefixCacheProbe(
         client, metrics_url, model=params["model"], prefix=params["prefix"], prefix_tokens=params["prefix_tokens"],
         block_size=params["block_size"], max_tokens=params["max_tokens"], engine=params["engine"],
+        around=windows.around if windows else None,
     )
     try:
         result = probe.run()
     except CheckError as exc:
         exc.facts["model"] = probe.model
+        if windows:
+            exc.facts.setdefault("kv_events", dict(windows.windows))
         raise
+    finally:
+        if windows:
+            windows.close()
+    if windows:
+        result["kv_events"] = dict(windows.windows)
     for warning in result.pop("warnings"):
         module.warn(warning)
     result.update(url=url)

@@ -434,8 +434,8 @@ def test_the_report_is_read_where_it_is_written_whatever_home_is(tmp_path):
     playbook = tmp_path / "report.yml"
     playbook.write_text(yaml.safe_dump([{
         "hosts": "local_engine", "gather_facts": False,
-        "vars": {"_verify_kv_cold": {"engine": "vllm", "block_size": 32, "wire_format": {"batch": "array"}},
-                 "_verify_prefix": {"engine": "vllm", "block_size": 32, "block_size_source": "option"}},
+        "vars": {"_verify_prefix": {"engine": "vllm", "block_size": 32, "block_size_source": "option",
+                                    "kv_events": {"cold": {"engine": "vllm", "block_size": 32, "wire_format": {"batch": "array"}}}}},
         "tasks": [{"ansible.builtin.include_role": {"name": "inference_cache.substrate.verify", "tasks_from": "report"}}],
     }], sort_keys=False))
     env = dict(ENV, HOME=str(home), ANSIBLE_LOCAL_TEMP=str(tmp_path / "tmp"), ANSIBLE_ASYNC_DIR=str(home / ".ansible_async"),

@@ -171,11 +171,13 @@ class PrefixCacheProbe:
     """Send a cold and a warm request sharing a prefix and measure what the cache did.
 
     ``client`` offers ``get_text(path)``, ``get_json(path)``, ``post_json(path, body)`` and ``stream_completion(body)``
-    (see ``http.openai.OpenAIClient``).
+    (see ``http.openai.OpenAIClient``). ``around(name, send)``, when given, sends the cold and the warm request
+    (``name`` "cold" or "warm"; ``send()`` sends it and returns its facts) and returns what ``send()`` returned: a
+    watch on the engine's KV events (``kv.events_check.RequestWindows.around``) holds each request's events apart.
     """
 
     def __init__(self, client, metrics_url, model=None, prefix=None, prefix_tokens=256, block_size=None,
-                 max_tokens=8, engine="auto", nonce=None, settle=2.0, sleep=None, clock=None):
+                 max_tokens=8, engine="auto", nonce=None, settle=2.0, sleep=None, clock=None, around=None):
         self.client = client
         self.metrics_url = metrics_url
         self.model = model
@@ -188,6 +190,7 @@ class PrefixCacheProbe:
         self.settle = settle
         self.sleep = sleep or time.sleep
         self.clock = clock or client.clock
+        self.around = around or (lambda name, send: send())
         self.warnings = []
 
     # -- engine facts -----------------------------------------------------------------------------------------
@@ -303,9 +306,12 @@ class PrefixCacheProbe:
         if shared_tokens < block_size:
             raise PrefixCacheError("The shared prefix is %d tokens long, shorter than one block (%d tokens), and would never be cached."
                                    % (shared_tokens, block_size))
-        cold = self._complete(shared + " Then the cold request ends here.")
+        # Each request ends with a tail of its own, at least a block long (a word is a token or more): past the shared
+        # prefix the warm request fills a block the cold one did not, so it stores a block of its own (and its KV events
+        # announce it) wherever the prefix ends within a block.
+        cold = self.around("cold", lambda: self._complete(shared + " Then the cold request ends here: " + filler(block_size, seed=1)))
         m1 = self._metrics_after(m0, names, cold["prompt_tokens"])
-        warm = self._complete(shared + " But the warm request ends differently.")
+        warm = self.around("warm", lambda: self._complete(shared + " But the warm request ends differently: " + filler(block_size, seed=2)))
         m2 = self._metrics_after(m1, names, warm["prompt_tokens"])
         cold["hit_tokens"], cold["query_tokens"] = delta(m0, m1, names[1]), delta(m0, m1, names[2])
         warm["hit_tokens"], warm["query_tokens"] = delta(m1, m2, names[1]), delta(m1, m2, names[2])

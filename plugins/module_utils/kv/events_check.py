@@ -167,12 +167,16 @@ class KVEventsCheck:
     """Subscribe, optionally trigger a request, count events, repair gaps, judge expectations.
 
     ``on_batch(batch, payload, live, source)`` is called with every batch counted (the subscriber CLI prints them);
-    ``enough()``, when given, says when enough arrived instead of the expectations.
+    ``enough()``, when given, says when enough arrived instead of the expectations. ``send(seconds_left)``, when given,
+    is the trigger: another check's own request, sent when the trigger option's would be (its ``delay`` after the
+    subscription connected); it returns the trigger facts, and what it raises goes through unchanged.
     """
 
     def __init__(self, params, check_mode=False, clock=time.monotonic, client_class=OpenAIClient, ctx=None, on_batch=None,
-                 enough=None, max_frame=MAX_FRAME):
+                 enough=None, max_frame=MAX_FRAME, send=None):
         self.params = params
+        self.send = send
+        self.windowed = False  # a later window on streams already open (next_window)
         self.check_mode = check_mode
         self.clock = clock
         self.client_class = client_class
@@ -253,27 +257,44 @@ class KVEventsCheck:
     def run(self):
         self.start = self.clock()
         self.validate()
-        timeout = self.params["timeout"]
-        deadline = self.start + timeout
-        # With a replay endpoint, keep a little time at the end to fetch the tail of each stream.
-        reserve = min(TAIL_IDLE, timeout / 10.0) if self.params["replay_endpoint"] else 0.0
         try:
-            params = self.params
-            sources = rank_sources(params["endpoint"], params["socket_mode"] == "bind", params["topic"], params["replay_endpoint"],
-                                   params["data_parallel_size"], tally=self.stats)
-            for source in sources:
-                try:
-                    self.consumer.open(source)
-                except SocketSetupError as exc:
-                    self.fail(exc.msg)
-            self.streams = sources
-            self._loop(deadline - reserve)
-            self.consumer.catch_up(deadline, tail=True)
+            self.open_streams()
+            self.listen()
         finally:
             self.consumer.close()
         self.write_capture()
         self.judge()
         return self.facts()
+
+    def open_streams(self):
+        params = self.params
+        sources = rank_sources(params["endpoint"], params["socket_mode"] == "bind", params["topic"], params["replay_endpoint"],
+                               params["data_parallel_size"], tally=self.stats)
+        for source in sources:
+            try:
+                self.consumer.open(source)
+            except SocketSetupError as exc:
+                self.fail(exc.msg)
+        self.streams = sources
+
+    def listen(self):
+        """Listen (and trigger) from ``start`` until the expectations are met and the stream settled, or the timeout."""
+        timeout = self.params["timeout"]
+        deadline = self.start + timeout
+        # With a replay endpoint, keep a little time at the end to fetch the tail of each stream.
+        reserve = min(TAIL_IDLE, timeout / 10.0) if self.params["replay_endpoint"] else 0.0
+        self._loop(deadline - reserve)
+        self.consumer.catch_up(deadline, tail=True)
+
+    def next_window(self):
+        """Start counting anew on the open streams (``RequestWindows``): the sequence numbers seen stay, so a gap
+        between two windows is still found; the trigger is to be sent again."""
+        self.start = self.clock()
+        self.windowed = True
+        self.stats.begin_window()
+        self.backlog_batches = 0
+        self.trigger = {"sent": False, "url": None, "status": None, "prompt_tokens": None, "cached_tokens": None, "model": None}
+        self.router.update(checked_batches=0, refused_batches=0, first_problem=None)
 
     def _loop(self, deadline):
         clock = LoopClock(self.params, deadline)
@@ -298,7 +319,15 @@ class KVEventsCheck:
         self.consumer.catch_up(clock.deadline, tail=True)
 
     def _listen(self, clock, now):
-        ready = self.consumer.poll(min(clock.deadline - now, 0.1))
+        # At most 0.1 s, and no later than the trigger or the end of the settle period is due (at once where the
+        # streams are connected but not yet noted: a later window's, open all along).
+        due = [when for when in (clock.deadline, now + 0.1,
+                                 clock.connected_at + clock.delay if clock.trigger_pending and clock.connected_at is not None else None,
+                                 clock.last_msg + clock.settle if not clock.trigger_pending and clock.last_msg is not None else None)
+               if when is not None and when > now]
+        if clock.connected_at is None and all(s.connected for s in self.streams):
+            due = []
+        ready = self.consumer.poll(min(due) - now if due else 0.0)
         for source in self.streams:
             if source in ready and self.consumer.drain(source):
                 clock.last_msg = self.clock()
@@ -309,10 +338,15 @@ class KVEventsCheck:
 
     def _send_trigger(self, clock, now):
         clock.trigger_pending = False
-        if self.params["socket_mode"] == "bind":
+        if self.params["socket_mode"] == "bind" or self.windowed:
             # An engine that connects queues its events while nobody is bound and delivers that backlog
-            # as soon as we bind; count only what arrives once the trigger is on its way.
+            # as soon as we bind (and a subscription kept open between windows holds what came in between):
+            # count only what arrives once the trigger is on its way.
             self.backlog_batches = self.stats.begin_window()
+        if self.send is not None:
+            self.trigger = self.send(max(clock.deadline - now, 0.1))
+            clock.last_msg = self.clock()
+            return
         try:
             self.trigger = send_trigger(self.params["trigger"], max(clock.deadline - now, 0.1), self.client_class)
         except CheckError as exc:
@@ -393,3 +427,80 @@ class KVEventsCheck:
                     handle.write(line + "\n")
         except (IOError, OSError) as exc:
             self.fail("Cannot write capture_path %s: %s." % (path, exc.strerror or exc))
+
+
+# The options of a watch over another check's requests (``RequestWindows``): the stream's and the judging ones, and
+# the delay of each request after the subscription connected; the requests and the engine (wire dialect) are the other
+# check's, so no trigger, engine, capture or token ids here.
+WINDOW_OPTIONS = dict(
+    [(name, spec) for name, spec in KV_STREAM_ARG_SPEC.items() if name != "engine"]
+    + [(name, spec) for name, spec in CHECK_ARG_SPEC.items() if name in ("expect", "settle", "router_version", "expect_router_decodes")]
+    + [("delay", {"type": "float", "default": 0.05, "range": (0, 60)})])
+
+
+class RequestWindows:
+    """Watch the KV events of requests another check sends (prefix_cache_check's cold and warm requests).
+
+    One subscription serves every window (no reconnection between two requests, whose events a publisher would drop
+    until the new subscription reached it). ``around(name, send)`` opens it on first use, starts a window, calls
+    ``send()`` once the subscription is connected (``delay`` later), listens until the expectations are met and the
+    stream settled (a ``KVEventsCheck`` whose trigger is that request, judged the same way) and keeps the facts under
+    ``name`` in ``windows``; it returns what ``send()`` returned, a dict with the request's ``prompt_tokens`` and
+    ``cached_tokens``. A window that fails raises ``CheckError`` naming the request, with every window's facts so far
+    under ``kv_events``; what ``send()`` raises goes through unchanged. ``close()`` (or the ``with`` block) closes the
+    subscription. ``params``: ``WINDOW_OPTIONS``; ``url`` and ``model`` (a name, or a callable that returns it once
+    known): the server and the model the requests go to, reported as the trigger's; ``engine``: the wire dialect
+    (auto, vllm, sglang).
+    """
+
+    def __init__(self, params, url, model=None, engine="auto", clock=time.monotonic, ctx=None):
+        params = dict(params, engine=engine)
+        self.url = url.rstrip("/") + "/v1/completions"
+        params["trigger"] = {"url": self.url, "delay": params.pop("delay", WINDOW_OPTIONS["delay"]["default"])}
+        self.model = model
+        self.check = KVEventsCheck(params, clock=clock, ctx=ctx, send=self._send)
+        self.opened = False
+        self.sending = None
+        self.raised = False
+        self.answer = None
+        self.windows = {}
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc_info):
+        self.close()
+
+    def close(self):
+        self.check.consumer.close()
+
+    def _send(self, seconds_left):  # pylint: disable=unused-argument
+        try:
+            answer = self.sending()
+        except Exception:
+            self.raised = True  # the request's own failure, told as the other check tells it
+            raise
+        self.answer = dict(answer)
+        return {"sent": True, "url": self.url, "status": answer.get("status", 200), "prompt_tokens": answer.get("prompt_tokens"),
+                "cached_tokens": answer.get("cached_tokens"), "model": self.model() if callable(self.model) else self.model}
+
+    def around(self, name, send):
+        check = self.check
+        self.sending, self.raised, self.answer = send, False, None
+        try:
+            if not self.opened:
+                check.start = check.clock()
+                check.validate()
+                self.opened = True
+                check.open_streams()
+            check.next_window()
+            check.listen()
+            check.judge()
+            self.windows[name] = check.facts()
+        except CheckError as exc:
+            if self.raised:
+                raise
+            if exc.facts:
+                self.windows[name] = exc.facts
+            raise CheckError("The KV events of the %s request: %s" % (name, exc.msg), {"kv_events": dict(self.windows)})
+        return self.answer

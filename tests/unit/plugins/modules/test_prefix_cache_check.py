@@ -137,6 +137,57 @@ def test_real_probe_against_a_closed_port():
     assert result["msg"].endswith(".")
 
 
+def test_kv_events_watch_the_probes_own_requests(probe, monkeypatch):
+    """With kv_events the probe sends its cold and warm requests through the windows, and the result carries them."""
+    made = {}
+
+    class FakeWindows:
+        def __init__(self, params, url, model=None, engine="auto"):
+            made.update(params=params, url=url, model=model, engine=engine)
+            self.windows = {}
+
+        def around(self, name, send):
+            self.windows[name] = {"counts": {"BlockStored": 3}, "trigger": send()}
+            return self.windows[name]["trigger"]
+
+        def close(self):
+            made["closed"] = True
+
+    monkeypatch.setattr(module, "RequestWindows", FakeWindows)
+
+    def run_through_windows(self):
+        around = probe["around"]
+        return dict(RESULT, cold=around("cold", lambda: {"cached_tokens": 0}), warm=around("warm", lambda: {"cached_tokens": 256}))
+
+    monkeypatch.setattr(module.PrefixCacheProbe, "run", run_through_windows)
+    failed, result = run({"url": "http://h:8000/", "model": "tiny", "engine": "vllm",
+                          "kv_events": {"endpoint": "tcp://127.0.0.1:5557", "socket_mode": "bind", "topic": "kv@"}})
+    assert not failed, result
+    assert made["url"] == "http://h:8000" and made["engine"] == "vllm" and made["model"]() == "tiny" and made["closed"]
+    assert made["params"]["endpoint"] == "tcp://127.0.0.1:5557" and made["params"]["settle"] == 1.0 and made["params"]["delay"] == 0.05
+    assert result["kv_events"] == {"cold": {"counts": {"BlockStored": 3}, "trigger": {"cached_tokens": 0}},
+                                   "warm": {"counts": {"BlockStored": 3}, "trigger": {"cached_tokens": 256}}}
+
+
+def test_without_kv_events_no_window_and_no_such_result(probe):
+    failed, result = run({"model": "tiny"})
+    assert not failed and probe["around"] is None and "kv_events" not in result
+
+
+@pytest.mark.parametrize("kv_events, message", [
+    ({"endpoint": "localhost:5557"}, "kv_events.endpoint must be a ZMQ endpoint such as tcp://HOST:PORT"),
+    ({"socket_mode": "bind"}, "endpoint"),
+    ({"endpoint": "tcp://h:1", "settle": -1}, "settle must be between 0 and 3600, got -1."),
+    ({"endpoint": "tcp://h:1", "delay": 61}, "delay must be between 0 and 60, got 61."),
+    ({"endpoint": "tcp://h:1", "expect": {"Stored": 1}}, "expect names an unknown event type 'Stored'"),
+])
+def test_bad_kv_events(probe, kv_events, message):
+    failed, result = run({"kv_events": kv_events})
+    assert failed and message in result["msg"], result["msg"]
+    assert_one_sentence(result["msg"])
+    assert "client" not in probe, "the probe must not start with a bad option"
+
+
 def test_check_mode_runs_the_same(probe):
     """Check mode is not skipped: the probe runs and its failures are judged the same way."""
     failed, result = run({"_ansible_check_mode": True, "min_hit_tokens": 512})
@@ -204,10 +255,11 @@ def vllm(server, monkeypatch):
 def test_real_probe_measures_the_scripted_engine(vllm):
     failed, result = run({"url": vllm.server.url, "prefix_tokens": 16, "min_hit_tokens": 16})
     assert not failed, result["msg"]
-    # 16 words + BOS + nonce = 18 shared tokens; each prompt adds 6 words: 24 tokens, 4 full shared blocks
-    assert (result["prefix_tokens"], result["warm"]["prompt_tokens"]) == (18, 24)
+    # 16 words + BOS + nonce = 18 shared tokens; each prompt adds 6 words and a block of its own (4 words): 28 tokens,
+    # 4 full shared blocks
+    assert (result["prefix_tokens"], result["warm"]["prompt_tokens"]) == (18, 28)
     assert result["hit_tokens"] == 16 and result["cached_tokens"] == 16 and result["expected_hit_tokens"] == 16
-    assert result["cold"]["hit_tokens"] == 0 and result["query_tokens"] == 48
+    assert result["cold"]["hit_tokens"] == 0 and result["query_tokens"] == 56
     assert result["block_size"] == 4 and result["block_size_source"] == "metrics"
 
 

@@ -240,17 +240,34 @@ def test_probe_measures_a_hit():
     result = _probe(engine, prefix_tokens=100).run()
     assert result["engine"] == "vllm" and result["model"] == "tiny"
     assert result["block_size"] == 32 and result["block_size_source"] == "metrics"
-    # 100 filler words, the BOS token and the nonce; each prompt adds six words after the shared part
+    # 100 filler words, the BOS token and the nonce; each prompt adds six words and a block of its own (32 words) after
+    # the shared part, so the warm request fills a block past the shared prefix's full blocks, one the cold did not
     assert result["prefix_tokens"] == 102 and not result["prefix_tokens_estimated"]
     assert result["cold"]["hit_tokens"] == 0 and result["cold"]["cached_tokens"] == 0
-    assert result["cold"]["prompt_tokens"] == result["warm"]["prompt_tokens"] == 108
+    assert result["cold"]["prompt_tokens"] == result["warm"]["prompt_tokens"] == 140
+    assert result["warm"]["prompt_tokens"] // 32 > 102 // 32
     assert result["expected_hit_tokens"] == 96 and result["hit_tokens"] == 96 and result["cached_tokens"] == 96
-    assert result["query_tokens"] == 216
+    assert result["query_tokens"] == 280
     assert result["ttft_ratio"] == 4.0
     assert pc.evaluate(result, expect_warm_faster=True) == []
     # the nonce opens both prompts, and the prompts differ after the shared part
     cold, warm = (r["prompt"] for r in engine.requests)
     assert cold.startswith("[n0nce] ") and warm.startswith("[n0nce] ") and cold != warm
+
+
+def test_probe_sends_its_requests_through_around():
+    """``around`` gets the cold request, then the warm one, each sent only when it calls it."""
+    engine, seen = FakeEngine(), []
+
+    def around(name, send):
+        before = len(engine.requests)
+        answer = send()
+        seen.append((name, len(engine.requests) - before, answer["cached_tokens"]))
+        return answer
+
+    result = _probe(engine, prefix_tokens=100, around=around).run()
+    assert seen == [("cold", 1, 0), ("warm", 1, 96)]
+    assert result["cached_tokens"] == 96
 
 
 def test_probe_without_a_cache_reports_no_hit():

@@ -12,6 +12,7 @@ __metaclass__ = type  # pylint: disable=invalid-name
 import json
 import re
 import threading
+import time
 
 import msgspec
 import pytest
@@ -19,7 +20,13 @@ import zmq
 
 from ansible_collections.inference_cache.substrate.plugins.module_utils.kv.args import KV_STREAM_ARG_SPEC
 from ansible_collections.inference_cache.substrate.plugins.module_utils.common.errors import CheckError
-from ansible_collections.inference_cache.substrate.plugins.module_utils.kv.events_check import CHECK_ARG_SPEC, KVEventsCheck, send_trigger
+from ansible_collections.inference_cache.substrate.plugins.module_utils.kv.events_check import (
+    CHECK_ARG_SPEC,
+    WINDOW_OPTIONS,
+    KVEventsCheck,
+    RequestWindows,
+    send_trigger,
+)
 from ansible_collections.inference_cache.substrate.plugins.module_utils.http.args import HTTP_ARG_SPEC
 from ansible_collections.inference_cache.substrate.plugins.module_utils.http.openai import OpenAIHTTPError
 from ansible_collections.inference_cache.substrate.tests.unit.plugins.http_server import tls_scripted_server
@@ -480,3 +487,98 @@ def test_bind_mode_sets_the_backlog_aside(zctx, inproc, publisher):
     assert facts["trigger"]["sent"] is True
     assert facts["backlog_batches"] == 3
     assert facts["batches"] == 2 and facts["counts"]["BlockStored"] == 2
+
+
+# -- windows around another check's requests (prefix_cache_check's kv_events) ------------------------------------------
+def window_params(endpoint, **kw):
+    out = dict((k, v.get("default")) for k, v in WINDOW_OPTIONS.items())
+    out.update({"endpoint": endpoint, "timeout": 60.0, "settle": 0.2})
+    out.update(kw)
+    return out
+
+
+@pytest.fixture
+def windows_publisher(zctx):
+    """The engine's publisher, bound on TCP (inproc sockets report no connection, and a window sends its request once
+    the publisher is connected); XPUB_VERBOSE: every subscription message comes through, so the test counts them."""
+    pub = synth.SyntheticPublisher("tcp://127.0.0.1:%d" % free_port(), bind=True, ctx=zctx)
+    pub.pub.setsockopt(zmq.XPUB_VERBOSE, 1)
+    pub.subscribed_times = 0
+    yield pub
+    pub.close()
+
+
+def subscribed(pub, timeout=10.0):
+    """Wait until a subscription reached the XPUB socket (counting each that arrives)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        while pub.pub.poll(0, zmq.POLLIN):
+            if pub.pub.recv()[:1] == b"\x01":
+                pub.subscribed_times += 1
+        if pub.subscribed_times:
+            return True
+        time.sleep(0.01)
+    return False
+
+
+def request(pub, batches, answer):
+    """A request of the other check: the engine publishes ``batches`` batches for it, then it answers."""
+    def send():
+        assert subscribed(pub), "the window never subscribed"
+        for dummy in range(batches):
+            pub.publish()
+        return dict(answer)
+    return send
+
+
+def test_windows_hold_each_requests_events_apart(zctx, windows_publisher):
+    pub = windows_publisher
+    model = {}
+    with RequestWindows(window_params(pub.endpoint), "http://e:8000/", model=lambda: model.get("name"), ctx=zctx) as windows:
+        model["name"] = "tiny"  # the other check learns its model after the windows were made
+        cold = windows.around("cold", request(pub, 3, {"prompt_tokens": 40, "cached_tokens": 0, "ttft": 0.1}))
+        pub.publish()  # between the two requests (another client's): counted in neither window
+        warm = windows.around("warm", request(pub, 1, {"prompt_tokens": 44, "cached_tokens": 32, "ttft": 0.05}))
+    assert pub.subscribed_times == 1  # one subscription served both windows
+    assert cold["ttft"] == 0.1 and warm["cached_tokens"] == 32  # the other check gets its own answers back
+    kv = windows.windows
+    assert sorted(kv) == ["cold", "warm"]
+    assert kv["cold"]["batches"] == 3 and kv["warm"]["batches"] == 1
+    assert kv["cold"]["counts"]["BlockStored"] > kv["warm"]["counts"]["BlockStored"] > 0
+    assert kv["cold"]["trigger"] == {"sent": True, "url": "http://e:8000/v1/completions", "status": 200, "model": "tiny",
+                                     "prompt_tokens": 40, "cached_tokens": 0}
+    assert kv["warm"]["trigger"]["cached_tokens"] == 32
+
+
+def test_a_window_without_events_names_its_request(zctx, windows_publisher):
+    pub = windows_publisher
+    with RequestWindows(window_params(pub.endpoint, timeout=1.0), "http://e:8000", model="tiny", ctx=zctx) as windows:
+        windows.around("cold", request(pub, 2, {"prompt_tokens": 40, "cached_tokens": 0}))
+        with pytest.raises(CheckError) as info:
+            windows.around("warm", request(pub, 0, {"prompt_tokens": 44, "cached_tokens": 32}))
+    one_sentence(info.value.msg)
+    assert info.value.msg.startswith("The KV events of the warm request: No KV events received")
+    assert sorted(info.value.facts["kv_events"]) == ["cold", "warm"]
+    assert info.value.facts["kv_events"]["cold"]["batches"] == 2 and info.value.facts["kv_events"]["warm"]["batches"] == 0
+
+
+def test_the_requests_own_failure_goes_through_unchanged(zctx, windows_publisher):
+    def send():
+        assert subscribed(windows_publisher)
+        raise CheckError("Cannot reach http://e:8000/v1/completions: connection refused.", {"model": "tiny"})
+
+    with RequestWindows(window_params(windows_publisher.endpoint), "http://e:8000", ctx=zctx) as windows:
+        with pytest.raises(CheckError) as info:
+            windows.around("cold", send)
+    assert info.value.msg == "Cannot reach http://e:8000/v1/completions: connection refused."
+    assert info.value.facts == {"model": "tiny"} and windows.windows == {}
+
+
+def test_window_options_are_checked_before_the_request(zctx):
+    sent = []
+    with RequestWindows(window_params("tcp://127.0.0.1:9", expect={"BlockStoredX": 1}), "http://e:8000", ctx=zctx) as windows:
+        with pytest.raises(CheckError) as info:
+            windows.around("cold", lambda: sent.append(1) or {})
+    assert "expect names an unknown event type 'BlockStoredX'" in info.value.msg and not sent
+    assert set(WINDOW_OPTIONS) == {"endpoint", "socket_mode", "topic", "data_parallel_size", "replay_endpoint", "timeout",
+                                   "settle", "delay", "expect", "router_version", "expect_router_decodes"}
