@@ -490,10 +490,11 @@ def test_without_shutdown_timeout_a_request_in_flight_is_aborted(commands, check
         rate = decode_rate(url, served)
         stopped = stop_during_a_request(engine, url, served, max_tokens)
         print("SIGTERM with --shutdown-timeout 0, %d tokens at %.0f tokens/s: %s" % (max_tokens, rate, stopped))
-        # Cut short: an aborted answer (finish_reason abort, fewer tokens), a dropped connection, or a stream that stalls
-        # (vLLM 0.32.0 kills its engine core and its HTTP server waits for the stream to close: the client gives up).
+        # Cut short, whichever way vLLM 0.32.0 ends it (each seen here): an aborted answer (finish_reason abort), a dropped
+        # connection, a stream that stalls (the engine core killed, the HTTP server waiting for the stream to close: the
+        # client gives up), or a stream that ends with [DONE], HTTP 200 and no finish_reason after 2 of 3996 tokens (under
+        # the load of a whole `make test`): never the whole answer.
         assert not (stopped["status"] == 200 and stopped["finish_reason"] == "length"), (stopped, engine.tail())
-        assert stopped["finish_reason"] == "abort" or stopped["status"] != 200 or stopped["error"], stopped
         assert (stopped["completion_tokens"] or 0) < max_tokens, stopped
         assert stopped["exit_code"] is not None, (stopped, engine.tail())   # once the stream is closed, at the latest
     finally:

@@ -100,10 +100,14 @@ def test_start_status_restart_stop_a_process_group(tmp_path):
 def test_a_child_and_its_memory_are_reported(tmp_path):
     service = _service(tmp_path, "sleep 300 &\nexec sleep 301\n")
     started = _start(service)
-    _wait_for(lambda: len(S.status(service.files)["pids"]) == 2, "the child")
+
+    def children():
+        return [pid for pid in S.status(service.files)["pids"] if pid != started["pid"]]
+
+    # The child is the shell's fork until it has exec'd sleep: wait for that, not only for a second process.
+    _wait_for(lambda: [P.cmdline(pid) for pid in children()] == ["sleep 300"], "the child")
     status = S.status(service.files)
-    child = [pid for pid in status["pids"] if pid != started["pid"]][0]
-    assert P.cmdline(child) == "sleep 300" and status["rss_kib"] > 0
+    assert len(status["pids"]) == 2 and status["rss_kib"] > 0
     again = _start(service)
     assert again["pids"] == status["pids"] and again["rss_kib"] > 0
 
