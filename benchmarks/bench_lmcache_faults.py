@@ -273,9 +273,16 @@ def watch_check(stack, traffic, until):
         time.sleep(1.0)
 
 
+def ended_within(records, start, end):
+    """The requests that ended (answered, or given up) at ``start`` or later and before ``end``: each is booked to the
+    phase it ended in, so one in flight when a fault began (stalled by it, or hung by it and never answered) counts
+    for that fault, not for the phase it was sent in."""
+    return [r for r in records if start <= r["t"] + r["latency"] < end]
+
+
 def summarize(name, records, fault_at, over_at, baseline_median, events, wall_offset, end):
-    """One fault's row from the requests between its start and the next phase."""
-    during = [r for r in records if r["t"] >= fault_at]
+    """One fault's row from the requests that ended between its start and the next phase's (``ended_within``)."""
+    during = ended_within(records, fault_at, end)
     served = [r for r in during if r["t"] >= over_at and r["tier"]]
     recovered_at = served[0]["t"] + served[0]["latency"] if served else None
     window = [r for r in during if recovered_at is None or r["t"] < recovered_at]
@@ -367,14 +374,13 @@ def main(argv=None):
     rows = []
     for index, (fault, fault_at, over_at, during, said_after, port_wait) in enumerate(phases):
         end = phases[index + 1][1] if index + 1 < len(phases) else float("inf")
-        row = summarize(fault, [r for r in records if r["t"] < end], fault_at, over_at, median, events,
-                        wall_offset + traffic.started_at, end)
+        row = summarize(fault, records, fault_at, over_at, median, events, wall_offset + traffic.started_at, end)
         passes = [t for t, sentence in said_after if sentence is None]
         row.update(ports_free_after_s=round(port_wait, 1) if port_wait is not None else None, check_during=during,
                    check_after=[sentence for _t, sentence in said_after if sentence][:1],
                    check_passes_after_fault_end_s=round(passes[0] - over_at, 1) if passes else None)
         rows.append(row)
-    steady = [r for r in records if r["t"] < (phases[0][1] if phases else float("inf"))]
+    steady = ended_within(records, 0.0, phases[0][1] if phases else float("inf"))
     result = {
         "seconds": round(records[-1]["t"] + records[-1]["latency"], 1) if records else 0.0,
         "requests": len(records), "unanswered": sum(1 for r in records if not r["answered"]),

@@ -37,19 +37,33 @@ def test_prompts_are_distinct_from_their_first_word_on():
     assert bench.prompts(12, 600, seed=7) == texts
 
 
+def record(t, latency, tier, answered=True, right=True):
+    return {"t": t, "latency": latency, "tier": tier, "answered": answered, "right": right}
+
+
 def test_a_fault_s_row():
-    """Requests from the fault on: the stall is the slowest until the tier served again after the fault's end."""
-    def record(t, latency, tier, answered=True, right=True):
-        return {"t": t, "latency": latency, "tier": tier, "answered": answered, "right": right}
+    """Requests that ended from the fault on: the stall is the slowest until the tier served again after the fault's end."""
     records = [record(0.0, 0.2, True), record(10.0, 0.2, True),                        # before the fault (at 10.5)
-               record(10.5, 11.0, False), record(21.6, 0.3, False, right=False),       # stalled, then one wrong
+               record(10.4, 11.1, False), record(21.6, 0.3, False, right=False),       # in flight at the fault, stalled; one wrong
                record(22.0, 0.3, False, answered=False),                              # unanswered
-               record(40.0, 0.2, False), record(41.0, 0.25, True), record(42.0, 0.2, True)]  # fault over at 40.5
+               record(40.0, 0.2, False), record(41.0, 0.25, True), record(42.0, 0.2, True),  # fault over at 40.5
+               record(99.0, 300.0, False, answered=False)]                            # hung by the next fault (at 100)
     events = [("degraded", 1000.0 + 13.0), ("healthy_again", 1000.0 + 41.2), ("degraded", 1000.0 + 300.0)]
     row = bench.summarize("kill", records, 10.5, 40.5, 0.2, events, 1000.0, 100.0)
-    assert row == {"fault": "kill", "requests": 6, "unanswered": 1, "wrong": 1, "served_from_tier": 2, "stall_s": 11.0,
-                   "stall_over_median_s": 10.8, "fault_seconds": 30.0, "tier_back_after_fault_end_s": 0.8,
+    assert row == {"fault": "kill", "requests": 6, "unanswered": 1, "wrong": 1, "served_from_tier": 2, "stall_s": 11.1,
+                   "stall_over_median_s": 10.9, "fault_seconds": 30.0, "tier_back_after_fault_end_s": 0.8,
                    "connector": [("degraded", 2.5), ("healthy_again", 30.7)]}
+
+
+def test_a_request_is_booked_to_the_phase_it_ended_in():
+    """The request in flight when a fault begins belongs to that fault: the one the restart hung (sent in the pause's
+    last seconds, never answered) was booked to the pause by its start time (the 2026-12-06 run: pause 1 unanswered,
+    restart 0 requests)."""
+    records = [record(5.0, 0.1, True), record(9.9, 0.5, False),                      # steady; the second ends in the fault
+               record(59.9, 300.0, False, answered=False)]                           # sent before the next fault, hung by it
+    assert bench.ended_within(records, 0.0, 10.0) == records[:1]
+    assert bench.ended_within(records, 10.0, 60.0) == records[1:2]
+    assert bench.ended_within(records, 60.0, float("inf")) == records[2:]
 
 
 def test_the_connector_s_log_lines_are_read_back(tmp_path):
