@@ -48,7 +48,9 @@ def group():
     proc = subprocess.Popen(["sh", "-c", "sleep 300 & setsid sleep 301 & exec sleep 302"],  # pylint: disable=consider-using-with
                             start_new_session=True)
     try:
-        _wait_for(lambda: len(P.members(proc.pid)) == 3, "the leader and its two children")
+        # Each has exec'd its sleep (for a moment a child is still the shell's fork, or setsid before its exec).
+        _wait_for(lambda: sorted(P.cmdline(pid) for pid in P.members(proc.pid)) == ["sleep 300", "sleep 301", "sleep 302"],
+                  "the leader and its two children")
         yield proc
     finally:  # psutil's own walk of the children too, so a broken members() leaves nothing behind either
         children = [child.pid for child in P.psutil.Process(proc.pid).children(recursive=True)]
