@@ -129,8 +129,20 @@ def test_a_stop_kills_the_whole_group(tmp_path):
     a child that the leader outlives are stopped too."""
     service = _service(tmp_path, "sh -c \"trap '' TERM; while :; do sleep 1; done\" &\nsetsid sleep 302 &\nexec sleep 301\n")
     started = _start(service)
-    _wait_for(lambda: len(S.status(service.files)["pids"]) >= 4, "the children")
-    pids = S.status(service.files)["pids"]
+
+    def lasting():
+        """The service's processes but the loop's passing `sleep 1` (one ends by itself between the look and the stop)."""
+        return dict((pid, P.cmdline(pid)) for pid in S.status(service.files)["pids"] if P.cmdline(pid) != "sleep 1")
+
+    # Each has exec'd (the leader is the shell until its exec): the leader, the setsid child, and the loop, past its trap
+    # (one of its `sleep 1` seen), so that only SIGKILL ends it.
+    def ready():
+        everyone = [P.cmdline(pid) for pid in S.status(service.files)["pids"]]
+        return "sleep 1" in everyone and sorted(lasting().values()) == [
+            "sh -c trap '' TERM; while :; do sleep 1; done", "sleep 301", "sleep 302"]
+
+    _wait_for(ready, "the children")
+    pids = list(lasting())
     assert started["pid"] in pids
     begun = time.monotonic()
     stopped = service.ensure_stopped(1)
