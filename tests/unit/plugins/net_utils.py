@@ -12,10 +12,18 @@ __metaclass__ = type  # pylint: disable=invalid-name
 import socket
 
 
+# The ports handed out so far: the kernel may give a port just closed again, so two calls in one test (an engine's HTTP
+# port and its publisher's) could get the same one and the second bind fail with "address in use".
+_GIVEN = set()
+
+
 def free_port():
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    sock.close()
-    return port
+    """A TCP port on 127.0.0.1 that nothing listens on right now, and none given before by this process."""
+    while True:
+        sock = socket.socket()
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+        sock.close()
+        if port not in _GIVEN:
+            _GIVEN.add(port)
+            return port
