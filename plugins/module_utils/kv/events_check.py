@@ -46,6 +46,8 @@ DEFAULT_PROMPT = " ".join([
     "its answer is ignored, and the text is never returned, logged or captured by the check.",
 ])
 MAX_EXPECT = 1000000000
+# The trigger facts before a trigger is sent (each check, and each window of one: next_window).
+UNSENT_TRIGGER = {"sent": False, "url": None, "status": None, "prompt_tokens": None, "cached_tokens": None, "model": None}
 # Batches held against the router's decoder (the first ones of the check; each costs one more msgpack decode).
 ROUTER_CHECK_BATCHES = 1000
 
@@ -187,7 +189,7 @@ class KVEventsCheck:
         decoder = KVDecoder(params.get("engine") or "auto", bool(params.get("include_token_ids")))
         self.consumer = KVConsumer(decoder, self.add, tracker=self.seqs, clock=clock, ctx=ctx, max_frame=max_frame)
         self.streams = []  # the sources, one per data-parallel rank, once all are open
-        self.trigger = {"sent": False, "url": None, "status": None, "prompt_tokens": None, "cached_tokens": None, "model": None}
+        self.trigger = dict(UNSENT_TRIGGER)
         self.capture = []
         self.backlog_batches = 0
         self.start = None
@@ -293,7 +295,7 @@ class KVEventsCheck:
         self.windowed = True
         self.stats.begin_window()
         self.backlog_batches = 0
-        self.trigger = {"sent": False, "url": None, "status": None, "prompt_tokens": None, "cached_tokens": None, "model": None}
+        self.trigger = dict(UNSENT_TRIGGER)
         self.router.update(checked_batches=0, refused_batches=0, first_problem=None)
 
     def _loop(self, deadline):
