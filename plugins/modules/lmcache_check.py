@@ -318,38 +318,20 @@ from ansible_collections.inference_cache.substrate.plugins.module_utils.http.pre
     HAS_PROMETHEUS_CLIENT,
     PROMETHEUS_CLIENT_IMPORT_ERROR,
 )
-from ansible_collections.inference_cache.substrate.plugins.module_utils.kv.args import ENDPOINT_SHAPE, URL_SHAPE
+from ansible_collections.inference_cache.substrate.plugins.module_utils.kv.args import URL_SHAPE
 from ansible_collections.inference_cache.substrate.plugins.module_utils.kv.consumer import HAS_ZMQ, ZMQ_IMPORT_ERROR
 from ansible_collections.inference_cache.substrate.plugins.module_utils.kv.events import HAS_MSGSPEC, MSGSPEC_IMPORT_ERROR
-from ansible_collections.inference_cache.substrate.plugins.module_utils.lmcache.check import LMCacheProbe
+from ansible_collections.inference_cache.substrate.plugins.module_utils.lmcache.check import EVENTS_OPTIONS, TIER_OPTIONS, tier_probe
 from ansible_collections.inference_cache.substrate.plugins.module_utils.lmcache.tiers import TierWatch
 
-# Seconds each request to the LMCache server may take: its pages answer at once, so a server that does not (paused,
-# SIGSTOP) is named as a degraded tier instead of being waited for as long as the engine's requests are.
-LMCACHE_TIMEOUT = 10.0
-KV_EVENTS_SPEC = {
-    "endpoint": {"type": "str", "required": True, "shape": ENDPOINT_SHAPE},
-    "socket_mode": {"type": "str", "default": "connect", "choices": ["connect", "bind"]},
-    "topic": {"type": "str", "default": ""},
-    "connect_timeout": {"type": "float", "default": 5.0, "range": (0, 60, "open-low")},
-}
 # The option table (common/options.py): the argument spec and the ranges, checked before any request.
-OPTIONS = dict(
-    HTTP_ARG_SPEC,
+OPTIONS = dict(HTTP_ARG_SPEC, **TIER_OPTIONS)
+OPTIONS.update(
     url=dict(type="str", default="http://127.0.0.1:8000", shape=URL_SHAPE),
     metrics_url=dict(type="str"),
     model=dict(type="str"),
-    lmcache_url=dict(type="str", shape=(URL_SHAPE[0], "an http:// or https:// URL of the LMCache server's HTTP API")),
-    prefix_tokens=dict(type="int", default=600, no_log=False, range=(2, 131072)),
-    max_tokens=dict(type="int", default=8, no_log=False, range=(1, 256)),
-    miss=dict(type="str", default="auto", choices=["auto", "reset", "evict"]),
-    flood_prompts=dict(type="int", default=32, range=(1, 1024)),
-    chunk_size=dict(type="int", range=(1, 1048576)),
-    hash_algorithm=dict(type="str"),
-    logprob_tolerance=dict(type="float", default=0.0001, range=(0, None)),
-    settle=dict(type="float", default=5.0, range=(0, 300, "open-low")),
     timeout=dict(type="float", default=60.0, range=(0, 3600, "open-low")),
-    kv_events=dict(type="dict", options=KV_EVENTS_SPEC),
+    kv_events=dict(type="dict", options=EVENTS_OPTIONS),
 )
 
 
@@ -362,11 +344,6 @@ def _check(params, module):
     url = params["url"].rstrip("/")
     options = client_options(params)
     client = OpenAIClient(url, timeout=params["timeout"], **options)
-    lmcache = None
-    if params["lmcache_url"]:
-        server_options = dict(options)
-        server_options["api_key"] = None   # the engine's token, not the LMCache server's
-        lmcache = OpenAIClient(params["lmcache_url"].rstrip("/"), timeout=min(params["timeout"], LMCACHE_TIMEOUT), **server_options)
     watch = None
     events = params["kv_events"]
     if events:
@@ -375,12 +352,8 @@ def _check(params, module):
                 module.fail_json(msg=missing_required_lib(name), exception=error)
         watch = TierWatch(events["endpoint"], events["socket_mode"] == "bind", events["topic"],
                           connect_timeout=events["connect_timeout"])
-    probe = LMCacheProbe(
-        client, lmcache, params["metrics_url"] or url + "/metrics", model=params["model"], prefix_tokens=params["prefix_tokens"],
-        max_tokens=params["max_tokens"], miss=params["miss"], flood_prompts=params["flood_prompts"],
-        chunk_size=params["chunk_size"], hash_algorithm=params["hash_algorithm"], logprob_tolerance=params["logprob_tolerance"],
-        settle=params["settle"], watch=watch,
-    )
+    probe = tier_probe(client, params["metrics_url"] or url + "/metrics", params["model"], params, options, params["timeout"],
+                       watch=watch)
     # A failure's facts carry its warnings to fail_json, which warns each once.
     result = probe.run()
     for warning in result.pop("warnings"):

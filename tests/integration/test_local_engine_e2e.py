@@ -156,6 +156,8 @@ def test_verify_playbook_passes_and_writes_a_report(tmp_path):
     # plus at most one block filled while decoding (verify_max_tokens is 4).
     assert cold["trigger"]["prompt_tokens"] // 32 * 32 <= engine_tier["stored_tokens"] <= (cold["trigger"]["prompt_tokens"] + 4) // 32 * 32
     assert report["prefix_cache"]["hit_tokens"] >= 32
+    # One module run checked all three: its windows and its tier are reported apart, not twice.
+    assert "kv_events" not in report["prefix_cache"] and "lmcache" not in report["prefix_cache"]
     # Every batch the real engine published is one the llm-d router v0.9.0's decoder takes (verify requires it).
     router = cold["router_decoder"]
     assert router["checked_batches"] >= 1 and router["refused_batches"] == 0 and router["first_problem"] is None

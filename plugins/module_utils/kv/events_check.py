@@ -179,6 +179,7 @@ class KVEventsCheck:
         self.params = params
         self.send = send
         self.windowed = False  # a later window on streams already open (next_window)
+        self.connected_since = None  # when every stream first had its peer (a later window sends at once)
         self.check_mode = check_mode
         self.clock = clock
         self.client_class = client_class
@@ -336,7 +337,9 @@ class KVEventsCheck:
                 clock.tail_asked = False
 
     def _note_connected(self, clock, now):
-        clock.connected_at = now
+        # A later window's subscription was connected in an earlier one: its delay has long passed.
+        clock.connected_at = self.connected_since if self.windowed and self.connected_since is not None else now
+        self.connected_since = clock.connected_at
 
     def _send_trigger(self, clock, now):
         clock.trigger_pending = False
@@ -449,10 +452,10 @@ class RequestWindows:
     stream settled (a ``KVEventsCheck`` whose trigger is that request, judged the same way) and keeps the facts under
     ``name`` in ``windows``; it returns what ``send()`` returned, a dict with the request's ``prompt_tokens`` and
     ``cached_tokens``. A window that fails raises ``CheckError`` naming the request, with every window's facts so far
-    under ``kv_events``; what ``send()`` raises goes through unchanged. ``close()`` (or the ``with`` block) closes the
-    subscription. ``params``: ``WINDOW_OPTIONS``; ``url`` and ``model`` (a name, or a callable that returns it once
-    known): the server and the model the requests go to, reported as the trigger's; ``engine``: the wire dialect
-    (auto, vllm, sglang).
+    under ``kv_events``; what ``send()`` raises goes through unchanged. ``open()`` opens the subscription ahead of the
+    first window; ``close()`` (or the ``with`` block) closes it, unless ``hand_over()`` gave it to another watch.
+    ``params``: ``WINDOW_OPTIONS``; ``url`` and ``model`` (a name, or a callable that returns it once known): the server
+    and the model the requests go to, reported as the trigger's; ``engine``: the wire dialect (auto, vllm, sglang).
     """
 
     def __init__(self, params, url, model=None, engine="auto", clock=time.monotonic, ctx=None):
@@ -474,7 +477,8 @@ class RequestWindows:
         self.close()
 
     def close(self):
-        self.check.consumer.close()
+        if self.check.consumer is not None:
+            self.check.consumer.close()
 
     def _send(self, seconds_left):  # pylint: disable=unused-argument
         try:
@@ -486,15 +490,29 @@ class RequestWindows:
         return {"sent": True, "url": self.url, "status": answer.get("status", 200), "prompt_tokens": answer.get("prompt_tokens"),
                 "cached_tokens": answer.get("cached_tokens"), "model": self.model() if callable(self.model) else self.model}
 
+    def open(self):
+        """Open the subscription (once; ``around`` does it where not done yet): before the first request is prepared, so
+        the engine connects meanwhile."""
+        if not self.opened:
+            check = self.check
+            check.start = check.clock()
+            check.validate()
+            self.opened = True
+            check.open_streams()
+
+    def hand_over(self):
+        """The open subscription's ``KVConsumer``, no longer this watch's (``close()`` leaves it open), for another watch of
+        the same stream (``lmcache.tiers.TierWatch.take_over``); None where it is not open."""
+        if self.check.consumer is None or not self.opened or not self.check.consumer.listening():
+            return None
+        consumer, self.check.consumer = self.check.consumer, None
+        return consumer
+
     def around(self, name, send):
         check = self.check
         self.sending, self.raised, self.answer = send, False, None
         try:
-            if not self.opened:
-                check.start = check.clock()
-                check.validate()
-                self.opened = True
-                check.open_streams()
+            self.open()
             check.next_window()
             check.listen()
             check.judge()

@@ -57,8 +57,9 @@ import time
 import uuid
 
 from ..common.errors import CheckError
-from ..http.openai import OpenAIHTTPError, cached_tokens, check_usage, model_ids
+from ..http.openai import OpenAIClient, OpenAIHTTPError, cached_tokens, check_usage, model_ids
 from ..http.prefix_cache import filler, parse_metrics
+from ..kv.args import ENDPOINT_SHAPE, URL_SHAPE
 
 # vLLM (vllm/v1/metrics/loggers.py at 0.32.0): the counters of any KV connector, and the engine's own prefix cache.
 EXTERNAL_HITS = "vllm:external_prefix_cache_hits_total"
@@ -84,6 +85,28 @@ MP_CONNECTOR = "LMCacheMPConnector"
 IN_PROCESS_CONNECTORS = ("LMCacheConnectorV1", "LMCacheConnectorV1Dynamic")
 # How often LMCacheMPConnector pings its server and re-registers with one that came back (lmcache.mp.heartbeat_interval).
 HEARTBEAT_SECONDS = 10
+# Seconds each request to the LMCache server may take: its pages answer at once, so a server that does not (paused,
+# SIGSTOP) is named as a degraded tier instead of being waited for as long as the engine's requests are.
+LMCACHE_TIMEOUT = 10.0
+# The tier check's own options (common/options.py tables): lmcache_check's, and prefix_cache_check's O(lmcache) suboptions.
+TIER_OPTIONS = dict(
+    lmcache_url=dict(type="str", shape=(URL_SHAPE[0], "an http:// or https:// URL of the LMCache server's HTTP API")),
+    prefix_tokens=dict(type="int", default=600, no_log=False, range=(2, 131072)),
+    max_tokens=dict(type="int", default=8, no_log=False, range=(1, 256)),
+    miss=dict(type="str", default="auto", choices=["auto", "reset", "evict"]),
+    flood_prompts=dict(type="int", default=32, range=(1, 1024)),
+    chunk_size=dict(type="int", range=(1, 1048576)),
+    hash_algorithm=dict(type="str"),
+    logprob_tolerance=dict(type="float", default=0.0001, range=(0, None)),
+    settle=dict(type="float", default=5.0, range=(0, 300, "open-low")),
+)
+# Where the engine's KV events are watched during the check (lmcache_check's O(kv_events)).
+EVENTS_OPTIONS = {
+    "endpoint": {"type": "str", "required": True, "shape": ENDPOINT_SHAPE},
+    "socket_mode": {"type": "str", "default": "connect", "choices": ["connect", "bind"]},
+    "topic": {"type": "str", "default": ""},
+    "connect_timeout": {"type": "float", "default": 5.0, "range": (0, 60, "open-low")},
+}
 _CACHE_INFO = re.compile(r"^vllm:cache_config_info\{([^}]*)\}", re.M)
 _LABEL = re.compile(r'(\w+)="([^"]*)"')
 
@@ -481,7 +504,7 @@ class LMCacheProbe:
         l2 = self.lmcache_metrics()
         self.lap("restored")
         if self.watch is not None:
-            self.watch.pump(0.2)
+            self.watch.settle("restored", 0.05, 0.2)   # the restored request's events, then a quiet moment
             self.lap("events")
         facts = self.measure(cold, restored, (m0, m1, m2, m3), (l0, l1, l2), chunk_size, stored_chunks, method, flood)
         if self.watch is not None:
@@ -593,6 +616,23 @@ class LMCacheProbe:
                            "them: a hash-algorithm or hash-seed mismatch between the connector and the server (PYTHONHASHSEED, "
                            "--hash-algorithm)." % f["stored_tokens"])
         return base + "."
+
+
+def tier_probe(client, metrics_url, model, options, http_options, timeout, watch=None):
+    """The ``LMCacheProbe`` of ``TIER_OPTIONS`` ``options`` for the engine of ``client`` (``model``: its model, or None for
+    the first it lists): its LMCache server (``lmcache_url``)
+    asked with the engine's TLS settings (``http_options``, ``http.args.client_options``) but not its token, each request
+    bounded by ``LMCACHE_TIMEOUT``; ``watch``: a ``tiers.TierWatch`` or None."""
+    lmcache = None
+    if options["lmcache_url"]:
+        server_options = dict(http_options, api_key=None)   # the engine's token, not the LMCache server's
+        lmcache = OpenAIClient(options["lmcache_url"].rstrip("/"), timeout=min(timeout, LMCACHE_TIMEOUT), **server_options)
+    return LMCacheProbe(
+        client, lmcache, metrics_url, model=model, prefix_tokens=options["prefix_tokens"],
+        max_tokens=options["max_tokens"], miss=options["miss"], flood_prompts=options["flood_prompts"],
+        chunk_size=options["chunk_size"], hash_algorithm=options["hash_algorithm"],
+        logprob_tolerance=options["logprob_tolerance"], settle=options["settle"], watch=watch,
+    )
 
 
 def _clip(text, limit=40):

@@ -60,11 +60,25 @@ class TierWatch:
                                                **({"clock": clock} if clock else {}))
         self.clock = self.consumer.clock
 
+    def take_over(self, consumer):
+        """Watch on ``consumer``, another watch's open subscription of the same stream (``RequestWindows.hand_over``),
+        instead of subscribing anew: no wait for the engine to connect again, it decodes for this watch from now on.
+        Returns this watch; its ``start()`` then drops what arrived before it, unread."""
+        consumer.decoder = self.consumer.decoder
+        consumer.tracker = None
+        consumer.on_batch = self.on_batch
+        self.source, self.consumer = consumer.listening()[0], consumer
+        return self
+
     def on_batch(self, batch, payload, live, source):  # pylint: disable=unused-argument
         self.batches.append(batch)
 
     def start(self):
         """Open the socket and wait until the engine is connected; ``EventsNotConnected`` with one sentence if it never is."""
+        if self.source.sock is not None:   # taken over, connected: what came before the check is not its own
+            self.consumer.drain_all()
+            del self.batches[:]
+            return
         self.consumer.open(self.source)
         deadline = self.clock() + self.connect_timeout
         while not self.source.connected and self.clock() < deadline:
@@ -83,6 +97,18 @@ class TierWatch:
             self.consumer.poll(min(0.05, max(deadline - self.clock(), 0.001)))
             self.consumer.drain_all()
             if self.clock() >= deadline:
+                return
+
+    def settle(self, mark, quiet, most):
+        """Receive until a batch arrived after ``mark`` and none for ``quiet`` seconds since, or ``most`` seconds passed."""
+        deadline = self.clock() + most
+        count, last = len(self.batches), self.clock()
+        while self.clock() < deadline:
+            self.consumer.poll(min(0.02, max(deadline - self.clock(), 0.001)))
+            self.consumer.drain_all()
+            if len(self.batches) != count:
+                count, last = len(self.batches), self.clock()
+            elif count > self.marks.get(mark, 0) and self.clock() - last >= quiet:
                 return
 
     def wait_for(self, predicate, seconds):

@@ -14,7 +14,8 @@ hash mismatch), ``short_chunks`` (the restored request gets that many chunks les
 ``logprob_drift`` (what the restored completion says), ``registered`` (the engine registered with the LMCache server, as
 its ``/status`` lists it; False: a server started again that the connector has not found yet, whose tier is degraded),
 ``kv_connector`` (what the engine's ``/server_info`` names; None: no such page, as without VLLM_SERVER_DEV_MODE).
-Tokens: one per word, plus the start-of-text token.
+Tokens: one per word, plus the start-of-text token. The engine's own cache hits the full blocks a prompt shares with a
+prompt it holds (so prefix_cache_check's cold and warm requests run against it too).
 """
 
 from __future__ import absolute_import, division, print_function
@@ -119,7 +120,7 @@ class FakeStack:
         count = len(self.tokens(prompt))
         c = self.counters
         last = ((count - 1) // self.block_size) * self.block_size
-        device = last if prompt in self.device else 0
+        device = min(last, max([self.shared_blocks(prompt, held) for held in self.device] or [0]))
         external = 0
         works = self.connector == "multiprocess" and self.lmcache_up() and self.registered
         if not device and works and prompt in self.stored:
@@ -149,6 +150,14 @@ class FakeStack:
         usage = {"prompt_tokens": count, "completion_tokens": len(pieces),
                  "prompt_tokens_details": {"cached_tokens": device + external}}
         return sse(*(pieces + [{"choices": [], "usage": usage}]))
+
+    def shared_blocks(self, prompt, held):
+        """Tokens of the full blocks ``prompt`` shares with a prompt the engine's own cache holds (its prefix cache)."""
+        mine, theirs = self.tokens(prompt), self.tokens(held)
+        common = 0
+        while common < min(len(mine), len(theirs)) and mine[common] == theirs[common]:
+            common += 1
+        return (common // self.block_size) * self.block_size
 
     def reset(self, body):  # pylint: disable=unused-argument
         if self.reset_clears:

@@ -17,3 +17,13 @@ def module_exits(monkeypatch):
     from ansible_collections.inference_cache.substrate.tests.unit.plugins.modules.utils import patch_exits  # pylint: disable=import-outside-toplevel
 
     patch_exits(monkeypatch)
+
+
+@pytest.fixture
+def stack():
+    """A fake vLLM engine with LMCache beside it (lmcache_fake.FakeStack), started, stopped at the end."""
+    from ansible_collections.inference_cache.substrate.tests.unit.plugins.lmcache_fake import FakeStack  # pylint: disable=import-outside-toplevel
+
+    fake = FakeStack().start()
+    yield fake
+    fake.stop()

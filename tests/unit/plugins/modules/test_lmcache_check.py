@@ -13,17 +13,9 @@ import pytest
 from ansible.module_utils import basic
 
 from ansible_collections.inference_cache.substrate.plugins.modules import lmcache_check as module
-from ansible_collections.inference_cache.substrate.tests.unit.plugins.lmcache_fake import FakeStack
 from ansible_collections.inference_cache.substrate.tests.unit.plugins.modules.utils import run_module
 from ansible_collections.inference_cache.substrate.tests.unit.plugins.net_utils import free_port
 from ansible_collections.inference_cache.substrate.tests.unit.plugins.sentences import assert_one_sentence
-
-
-@pytest.fixture
-def stack():
-    fake = FakeStack().start()
-    yield fake
-    fake.stop()
 
 
 def args(stack, **more):

@@ -150,6 +150,12 @@ def test_kv_events_watch_the_probes_own_requests(probe, monkeypatch):
             self.windows[name] = {"counts": {"BlockStored": 3}, "trigger": send()}
             return self.windows[name]["trigger"]
 
+        def open(self):
+            made["opened"] = True
+
+        def hand_over(self):
+            return None
+
         def close(self):
             made["closed"] = True
 
@@ -163,7 +169,8 @@ def test_kv_events_watch_the_probes_own_requests(probe, monkeypatch):
     failed, result = run({"url": "http://h:8000/", "model": "tiny", "engine": "vllm",
                           "kv_events": {"endpoint": "tcp://127.0.0.1:5557", "socket_mode": "bind", "topic": "kv@"}})
     assert not failed, result
-    assert made["url"] == "http://h:8000" and made["engine"] == "vllm" and made["model"]() == "tiny" and made["closed"]
+    assert made["url"] == "http://h:8000" and made["engine"] == "vllm" and made["model"]() == "tiny"
+    assert made["opened"] and made["closed"]
     assert made["params"]["endpoint"] == "tcp://127.0.0.1:5557" and made["params"]["settle"] == 1.0 and made["params"]["delay"] == 0.05
     assert result["kv_events"] == {"cold": {"counts": {"BlockStored": 3}, "trigger": {"cached_tokens": 0}},
                                    "warm": {"counts": {"BlockStored": 3}, "trigger": {"cached_tokens": 256}}}
@@ -360,3 +367,71 @@ def test_generated_options_never_raise(vllm, options):
     failed, result = run(dict(options, url=vllm.server.url))
     if failed:
         assert_one_sentence(result["msg"])
+
+
+# -- the LMCache tier in the same run (lmcache), the real probes against a fake engine with LMCache beside it ---------
+def tier_args(stack, **tier):
+    return {"url": stack.engine.url, "model": "tiny", "prefix_tokens": 96, "block_size": 32, "max_tokens": 2,
+            "lmcache": dict({"lmcache_url": stack.lmcache.url + "/", "prefix_tokens": 300, "settle": 0.3, "chunk_size": 64}, **tier)}
+
+
+def test_the_tier_is_checked_after_the_prefix_cache_in_the_same_run(stack):
+    failed, result = run(tier_args(stack))
+    assert not failed, result
+    assert result["hit_tokens"] == 96 and result["external_prefix_cache"] is True
+    tier = result["lmcache"]
+    assert tier["lmcache_url"] == stack.lmcache.url and tier["connector"] == "multiprocess" and tier["chunk_size"] == 64
+    assert tier["external_hit_tokens"] == tier["expected_hit_tokens"] > 0 and tier["same_text"] is True
+    # Two requests of the prefix cache's, then the tier's cold and restored ones, the last after the reset.
+    assert len(stack.completions) == 4 and stack.completions[2]["prompt"] == stack.completions[3]["prompt"]
+    assert stack.completions[3]["external"] > 0 and stack.completions[3]["device"] == 0
+
+
+def test_only_with_connector_skips_an_engine_without_one(stack):
+    stack.external_counters = False
+    failed, result = run(tier_args(stack, only_with_connector=True))
+    assert not failed, result
+    assert result["external_prefix_cache"] is False and "lmcache" not in result and len(stack.completions) == 2
+
+
+def test_without_only_with_connector_an_engine_without_one_fails_the_tier(stack):
+    stack.external_counters = False
+    failed, result = run(tier_args(stack))
+    assert failed and assert_one_sentence(result["msg"]).startswith("The engine exposes no vllm:external_prefix_cache_hits_total")
+    assert result["hit_tokens"] == 96, "the prefix cache's facts come with the tier's failure"
+
+
+def test_a_degraded_tier_fails_with_its_sentence_and_both_checks_facts(stack):
+    stack.stop_lmcache()
+    failed, result = run(tier_args(stack))
+    assert failed and assert_one_sentence(result["msg"]).startswith(
+        "The LMCache tier is degraded: the LMCache server at %s does not answer" % stack.lmcache.url)
+    assert result["hit_tokens"] == 96 and result["lmcache"]["degraded"] is True
+    assert result["lmcache"]["lmcache_url"] == stack.lmcache.url and len(stack.completions) == 2
+
+
+def test_a_failed_prefix_cache_check_leaves_the_tier_unchecked(stack):
+    failed, result = run(dict(tier_args(stack), min_hit_tokens=512))
+    assert failed and "fewer than min_hit_tokens=512" in result["msg"]
+    assert "lmcache" not in result and len(stack.completions) == 2
+
+
+def test_the_tiers_kv_events_that_never_arrive_are_named(stack):
+    endpoint = "tcp://127.0.0.1:%d" % free_port()
+    failed, result = run(tier_args(stack, kv_events={"endpoint": endpoint, "socket_mode": "bind", "connect_timeout": 0.3}))
+    assert failed and "The engine's KV events at %s never arrived within 0.3 s" % endpoint in result["msg"]
+
+
+@pytest.mark.parametrize("tier, message", [
+    ({"prefix_tokens": 1}, "lmcache.prefix_tokens must be between 2 and 131072, got 1."),
+    ({"max_tokens": 257}, "lmcache.max_tokens must be between 1 and 256, got 257."),
+    ({"settle": 0}, "lmcache.settle must be above 0 and at most 300, got 0."),
+    ({"lmcache_url": "127.0.0.1:8051"}, "lmcache.lmcache_url must be an http:// or https:// URL of the LMCache server's HTTP API"),
+    ({"kv_events": {"endpoint": "localhost:5557"}}, "lmcache.kv_events.endpoint must be a ZMQ endpoint"),
+    ({"miss": "flush"}, "miss must be one of"),
+])
+def test_bad_lmcache_options(probe, tier, message):
+    failed, result = run({"lmcache": tier})
+    assert failed and message in result["msg"], result["msg"]
+    assert_one_sentence(result["msg"])
+    assert "client" not in probe, "the probe must not start with a bad option"

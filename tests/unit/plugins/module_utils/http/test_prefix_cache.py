@@ -56,6 +56,23 @@ def test_parse_vllm_sums_labels_of_the_model_and_reads_block_size():
     assert parsed["block_size"] == 32
 
 
+def test_histogram_buckets_are_left_unread_and_their_count_and_sum_kept():
+    page = VLLM_PAGE + (
+        "# HELP vllm:time_to_first_token_seconds Histogram of time to first token in seconds.\n"
+        "# TYPE vllm:time_to_first_token_seconds histogram\n"
+        'vllm:time_to_first_token_seconds_bucket{le="0.001",model_name="tiny"} 0.0\n'
+        'vllm:time_to_first_token_seconds_bucket{le="+Inf",model_name="tiny"} 7.0\n'
+        'vllm:time_to_first_token_seconds_count{model_name="tiny"} 7.0\n'
+        'vllm:time_to_first_token_seconds_sum{model_name="tiny"} 0.42\n'
+        "# TYPE vllm:bucket_bytes_total counter\n"   # a name with "bucket" in it that is no bucket line
+        'vllm:bucket_bytes_total{model_name="tiny"} 3.0\n')
+    samples = pc.parse_metrics(page, model="tiny")["samples"]
+    assert not [name for name in samples if name.endswith("_bucket")]
+    assert samples["vllm:time_to_first_token_seconds_count"] == 7.0 and samples["vllm:time_to_first_token_seconds_sum"] == 0.42
+    assert samples["vllm:bucket_bytes_total"] == 3.0
+    assert samples["vllm:prefix_cache_hits_total"] == 1280.0
+
+
 def test_parse_without_model_sums_everything():
     assert pc.parse_metrics(VLLM_PAGE)["samples"]["vllm:prefix_cache_hits_total"] == 1379.0
 

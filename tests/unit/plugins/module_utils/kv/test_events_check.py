@@ -582,3 +582,43 @@ def test_window_options_are_checked_before_the_request(zctx):
     assert "expect names an unknown event type 'BlockStoredX'" in info.value.msg and not sent
     assert set(WINDOW_OPTIONS) == {"endpoint", "socket_mode", "topic", "data_parallel_size", "replay_endpoint", "timeout",
                                    "settle", "delay", "expect", "router_version", "expect_router_decodes"}
+
+
+def test_windows_opened_ahead_then_handed_over_stay_subscribed(zctx, windows_publisher):
+    """open() subscribes before the first request; hand_over() gives the open consumer away: close() leaves it open,
+    and the publisher sees no second subscription for the windows."""
+    pub = windows_publisher
+    windows = RequestWindows(window_params(pub.endpoint), "http://e:8000", model="tiny", ctx=zctx)
+    assert windows.hand_over() is None   # nothing open yet
+    windows.open()
+    assert subscribed(pub)   # before any request
+    windows.around("cold", request(pub, 2, {"prompt_tokens": 40, "cached_tokens": 0}))
+    consumer = windows.hand_over()
+    windows.close()
+    assert consumer is not None and consumer.listening(), "the handed-over consumer must stay open"
+    assert windows.hand_over() is None and pub.subscribed_times == 1
+    consumer.close()
+    assert not consumer.listening()
+
+
+def test_a_later_window_sends_at_once_on_a_subscription_connected_long_ago(zctx, windows_publisher):
+    """The delay lets a new subscription reach the publisher: the first window waits it, a later one on the same open
+    subscription does not."""
+    pub = windows_publisher
+    sent = {}
+
+    def timed(name, batches, answer):
+        send = request(pub, batches, answer)
+
+        def timed_send():
+            sent[name] = time.monotonic()
+            return send()
+        return timed_send
+
+    with RequestWindows(window_params(pub.endpoint, delay=1.0), "http://e:8000", model="tiny", ctx=zctx) as windows:
+        started = time.monotonic()
+        windows.around("cold", timed("cold", 2, {"prompt_tokens": 40, "cached_tokens": 0}))
+        assert sent["cold"] - started >= 1.0
+        started = time.monotonic()
+        windows.around("warm", timed("warm", 1, {"prompt_tokens": 44, "cached_tokens": 32}))
+        assert sent["warm"] - started < 0.5

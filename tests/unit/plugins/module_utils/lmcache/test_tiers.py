@@ -120,28 +120,68 @@ def test_a_host_tier_removal_would_count():
     assert feed.watch.tiers(PROMPT, 32)["host_tokens"] == 64   # the chain breaks at the second chunk
 
 
-def test_the_watch_on_a_real_socket_sees_what_a_connecting_publisher_sends():
-    endpoint = "tcp://127.0.0.1:%d" % free_port()
-    watch = tiers.TierWatch(endpoint, bind=True, topic=TOPIC.decode(), connect_timeout=5)
-    ctx = zmq.Context()
-    pub = ctx.socket(zmq.PUB)
-    try:
-        pub.connect(endpoint)   # vLLM connects to an endpoint without '*'
-        watch.start()
-        for seq in range(20):   # until the subscription has reached the publisher
-            pub.send_multipart(frames(seq, cpu_chunks(PROMPT) if seq == 0 else []))
-            if watch.wait_for(lambda: watch.stored_chunks() >= 4, 0.1):
-                break
-        assert watch.stored_chunks() >= 4
-    finally:
-        watch.close()
-        pub.close(0)
-        ctx.term()
-
-
 def test_an_engine_that_never_connects_is_named():
     watch = tiers.TierWatch("tcp://127.0.0.1:%d" % free_port(), bind=True, connect_timeout=0.3)
     with pytest.raises(tiers.EventsNotConnected) as info:
         watch.start()
     message = assert_one_sentence(info.value.msg)
     assert "never arrived within 0.3 s: no publisher connected" in message
+
+
+def _publish_until(pub, watch, seq, events, predicate):
+    for offset in range(20):   # until the subscription has reached the publisher
+        pub.send_multipart(frames(seq + offset, events if offset == 0 else []))
+        if watch.wait_for(predicate, 0.1):
+            return seq + offset + 1
+    raise AssertionError("the batches never arrived")
+
+
+@pytest.fixture
+def watched():
+    """A started watch bound on TCP with a publisher connected to it, as vLLM connects: (watch, publisher, next seq)."""
+    endpoint = "tcp://127.0.0.1:%d" % free_port()
+    watch = tiers.TierWatch(endpoint, bind=True, topic=TOPIC.decode(), connect_timeout=5)
+    ctx = zmq.Context()
+    pub = ctx.socket(zmq.PUB)
+    try:
+        pub.connect(endpoint)
+        watch.start()
+        yield watch, pub, _publish_until(pub, watch, 0, [], lambda: len(watch.batches) > 0)
+    finally:
+        watch.close()
+        pub.close(0)
+        ctx.term()
+
+
+def test_the_watch_on_a_real_socket_sees_what_a_connecting_publisher_sends(watched):
+    watch, pub, seq = watched
+    _publish_until(pub, watch, seq, cpu_chunks(PROMPT), lambda: watch.stored_chunks() >= 4)
+    assert watch.stored_chunks() == 4
+
+
+def test_a_watch_takes_over_another_watchs_open_subscription_without_subscribing_again(watched):
+    """prefix_cache_check hands its windows' subscription to the tier's watch: what was queued on it is dropped, what comes
+    after is the watch's, start() opens no second socket (the same endpoint could not be bound twice), close() closes it."""
+    first, pub, seq = watched
+    pub.send_multipart(frames(seq, cpu_chunks(PROMPT)))   # queued on the socket, not read by the first watch
+    time.sleep(0.2)
+    watch = tiers.TierWatch(first.source.endpoint, bind=True, topic=TOPIC.decode(), connect_timeout=0.3).take_over(first.consumer)
+    watch.start()
+    assert watch.source.sock is not None and watch.batches == [] and watch.stored_chunks() == 0
+    _publish_until(pub, watch, seq + 1, [gpu_blocks(PROMPT)], lambda: watch.media().get("GPU", {}).get("stored_blocks", 0) == 9)
+    # The queued batch (LMCache's chunks) reached neither watch; the first one got nothing after the hand-over.
+    assert "CPU" not in watch.media() and first.batches and "CPU" not in first.media() and "GPU" not in first.media()
+    watch.close()
+    assert watch.source.sock is None
+
+
+def test_settle_waits_for_a_batch_after_the_mark_then_a_quiet_moment(watched):
+    watch, pub, seq = watched
+    watch.mark("restored")
+    started = time.monotonic()
+    watch.settle("restored", 0.05, 0.3)   # nothing after the mark: the whole 0.3 s
+    assert time.monotonic() - started >= 0.29
+    pub.send_multipart(frames(seq, [gpu_blocks(PROMPT)]))
+    started = time.monotonic()
+    watch.settle("restored", 0.05, 5.0)   # the batch, then 0.05 s of quiet: far less than 5 s
+    assert len(watch.batches) == watch.marks["restored"] + 1 and time.monotonic() - started < 2.0
