@@ -41,6 +41,7 @@ import pytest
 
 from ansible_collections.inference_cache.substrate.plugins.module_utils.http import openai as http
 from ansible_collections.inference_cache.substrate.plugins.module_utils.http import prefix_cache as pc
+from ansible_collections.inference_cache.substrate.plugins.module_utils.service import process, supervisor
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 URL = os.environ.get("LOCAL_ENGINE_URL", "http://127.0.0.1:8000")
@@ -324,6 +325,51 @@ def test_a_dead_lmcache_server_is_a_degraded_tier_and_site_brings_it_back(tmp_pa
     # The engine registered again, under the name of its weights (the link the role gave vLLM as its model).
     assert result["lmcache_registered"] and result["lmcache_model_names"] == [
         os.path.join(run_dir, name) for name in os.listdir(run_dir) if name.startswith("weights-")], result
+
+
+def test_a_server_restarted_at_once_through_its_launcher_is_found_again():
+    """About 40 s: the default engine's LMCache server killed and started again at once, as local_service starts it (its
+    launcher, its settings checksum), under the running engine. A server back within one heartbeat would never be
+    registered with and the engine's stores would hang (lmcache@0.5.6, docs/local-default.md); the launcher waits for the
+    engine's connector to enter degraded mode first, so the requests are answered meanwhile and the connector registers
+    with the new server on its own: the engine is not restarted."""
+    _need_lmcache()
+    if not STARTED_HERE["default"]:
+        pytest.skip("The default engine was not started by this test run: its LMCache server is left alone.")
+    run_dir = os.path.join(STATE_DIR, "run", "default")
+    engine_pid = open(os.path.join(run_dir, "engine.pid")).read().strip()
+    files = supervisor.ServiceFiles(os.path.join(run_dir, "lmcache.pid"), os.path.join(run_dir, "lmcache.settings.sha1"),
+                                    log=os.path.join(run_dir, "lmcache.log"), launcher=os.path.join(run_dir, "lmcache.sh"))
+    server = http.OpenAIClient(LMCACHE_URL, timeout=3)
+
+    def healthy(url):
+        try:
+            server.get_text(url)
+            return True
+        except http.OpenAIHTTPError:
+            return False
+
+    _kill_group(files.pidfile)
+    ports = [int(LMCACHE_URL.rsplit(":", 1)[1]) - 1, int(LMCACHE_URL.rsplit(":", 1)[1])]
+    deadline = time.monotonic() + 30
+    while process.busy_ports("127.0.0.1", ports)[0] and time.monotonic() < deadline:
+        time.sleep(0.2)
+    started = supervisor.Supervisor(files, healthy, name="LMCache server").ensure_started(
+        supervisor.file_checksum(files.launcher), LMCACHE_URL + "/healthcheck", "127.0.0.1", ports, 300, 30)
+    assert started["started"], started
+    with open(files.log, errors="replace") as handle:
+        assert "waited" in handle.read(), "the launcher did not wait for the connector to find the old server gone"
+    # Requests are answered (a hung engine would not answer this one within the minute), the connector registers again.
+    request = {"model": "tiny", "prompt": "after the restart", "max_tokens": 2}
+    answer = http.OpenAIClient(URL, timeout=60).post_json("/v1/completions", request)
+    assert answer["choices"], answer
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not server.get_json("/status").get("registered_non_cuda_instance_ids"):
+        time.sleep(1)
+    assert server.get_json("/status").get("registered_non_cuda_instance_ids"), "the engine never registered again"
+    rc, result = _lmcache_check({})
+    assert rc == 0 and result["external_hit_tokens"] == result["expected_hit_tokens"] > 0, result.get("msg")
+    assert open(os.path.join(run_dir, "engine.pid")).read().strip() == engine_pid, "the engine was restarted"
 
 
 def test_the_rendered_poststart_hook_clears_the_sidecar(tmp_path):

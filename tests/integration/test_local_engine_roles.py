@@ -55,6 +55,21 @@ def test_internal_vars_are_prefixed():
         assert all(name.startswith(prefix) for name in _load("roles", role, "vars", "main.yml"))
 
 
+def _render(tmp_path, state, names, extra):
+    """Render the local_engine role's templates NAME.sh.j2 into STATE/NAME.sh with its defaults and vars and ``extra``."""
+    role = os.path.join(ROOT, "roles", "local_engine")
+    playbook = tmp_path / "render.yml"
+    playbook.write_text(yaml.safe_dump([{
+        "hosts": "localhost", "gather_facts": False,
+        "vars_files": [os.path.join(role, "defaults", "main.yml"), os.path.join(role, "vars", "main.yml")],
+        "tasks": [{"ansible.builtin.template": {"src": os.path.join(role, "templates", name + ".sh.j2"),
+                                                "dest": str(state / (name + ".sh")), "mode": "0700"}} for name in names],
+    }]))
+    run = subprocess.run([os.path.join(BIN, "ansible-playbook"), "-i", "localhost,", "-c", "local", "-e", json.dumps(extra),
+                          str(playbook)], cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=120, check=False)
+    assert run.returncode == 0, run.stdout[-2000:]
+
+
 # -- the launcher the role renders ------------------------------------------------------------------------------
 def test_launcher_passes_the_reference_command(tmp_path):
     """Render engine.sh.j2 with the role's defaults and run it with a stand-in Python that records what it was given."""
@@ -64,19 +79,8 @@ def test_launcher_passes_the_reference_command(tmp_path):
     stand_in.write_text("#!%s\nimport json, os, sys\njson.dump({'argv': sys.argv[1:], 'env': dict(os.environ)}, "
                         "open(os.path.join(os.path.dirname(__file__), 'invocation.json'), 'w'))\n" % sys.executable)
     stand_in.chmod(0o755)
-    role = os.path.join(ROOT, "roles", "local_engine")
-    playbook = tmp_path / "render.yml"
-    playbook.write_text(yaml.safe_dump([{
-        "hosts": "localhost", "gather_facts": False,
-        "vars_files": [os.path.join(role, "defaults", "main.yml"), os.path.join(role, "vars", "main.yml")],
-        "tasks": [{"ansible.builtin.template": {"src": os.path.join(role, "templates", "engine.sh.j2"),
-                                                "dest": str(state / "engine.sh"), "mode": "0700"}}],
-    }]))
-    extra = {"local_engine_state_dir": str(state), "local_engine_kv_events_options": {"hwm": 100000, "buffer_steps": 10000},
-             "ansible_python_interpreter": sys.executable}
-    run = subprocess.run([os.path.join(BIN, "ansible-playbook"), "-i", "localhost,", "-c", "local", "-e", json.dumps(extra),
-                          str(playbook)], cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=120, check=False)
-    assert run.returncode == 0, run.stdout[-2000:]
+    _render(tmp_path, state, ["engine"], {"local_engine_state_dir": str(state), "ansible_python_interpreter": sys.executable,
+                                          "local_engine_kv_events_options": {"hwm": 100000, "buffer_steps": 10000}})
     subprocess.run([str(state / "engine.sh")], env=dict(os.environ, PYTHONDONTWRITEBYTECODE="1", HF_HUB_OFFLINE="0"),
                    check=True, timeout=60)
     invocation = json.loads((state / "venv" / "bin" / "invocation.json").read_text())
@@ -106,33 +110,26 @@ def test_launcher_passes_the_reference_command(tmp_path):
 
 
 def _render_lmcache(tmp_path, **settings):
-    """Render engine.sh.j2 and lmcache.sh.j2 with LMCache on; run both with stand-ins; return what each was given."""
+    """Render engine.sh.j2 and lmcache.sh.j2 with LMCache on; run both with stand-ins; return the state folder and what
+    the engine, the server and the server launcher's wait for the engine's connector were given."""
     state = tmp_path / "state"
     (state / "venv" / "bin").mkdir(parents=True)
     (state / "run" / "default").mkdir(parents=True)
-    for name in ("python", "lmcache"):
+    for name in ("python", "lmcache"):   # each call one line of NAME.jsonl
         stand_in = state / "venv" / "bin" / name
-        stand_in.write_text("#!%s\nimport json, os, sys\njson.dump({'argv': sys.argv[1:], 'env': dict(os.environ)}, "
-                            "open(os.path.join(os.path.dirname(__file__), '%s.json'), 'w'))\n" % (sys.executable, name))
+        stand_in.write_text("#!%s\nimport json, os, sys\nopen(os.path.join(os.path.dirname(__file__), '%s.jsonl'), 'a').write("
+                            "json.dumps({'argv': sys.argv[1:], 'env': dict(os.environ)}) + '\\n')\n" % (sys.executable, name))
         stand_in.chmod(0o755)
-    role = os.path.join(ROOT, "roles", "local_engine")
-    playbook = tmp_path / "render.yml"
-    playbook.write_text(yaml.safe_dump([{
-        "hosts": "localhost", "gather_facts": False,
-        "vars_files": [os.path.join(role, "defaults", "main.yml"), os.path.join(role, "vars", "main.yml")],
-        "tasks": [{"ansible.builtin.template": {"src": os.path.join(role, "templates", name + ".sh.j2"),
-                                                "dest": str(state / (name + ".sh")), "mode": "0700"}}
-                  for name in ("engine", "lmcache")],
-    }]))
-    extra = dict({"local_engine_state_dir": str(state), "local_engine_lmcache": True, "ansible_python_interpreter": sys.executable,
-                  "_substrate_pins": {"software": {"lmcache": "0.5.6"}}}, **settings)
-    run = subprocess.run([os.path.join(BIN, "ansible-playbook"), "-i", "localhost,", "-c", "local", "-e", json.dumps(extra),
-                          str(playbook)], cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=120, check=False)
-    assert run.returncode == 0, run.stdout[-2000:]
+    extra = {"local_engine_state_dir": str(state), "local_engine_lmcache": True, "ansible_python_interpreter": sys.executable,
+             "_substrate_pins": {"software": {"lmcache": "0.5.6"}}}
+    _render(tmp_path, state, ["engine", "lmcache"], dict(extra, **settings))
     for name in ("engine", "lmcache"):
         subprocess.run([str(state / (name + ".sh"))], env=dict(os.environ, HF_HUB_OFFLINE="0"), check=True, timeout=60)
-    given = [json.loads((state / "venv" / "bin" / (name + ".json")).read_text()) for name in ("python", "lmcache")]
-    return state, given[0], given[1]
+    calls = [[json.loads(line) for line in (state / "venv" / "bin" / (name + ".jsonl")).read_text().splitlines()]
+             for name in ("python", "lmcache")]
+    # The engine's Python, then the server launcher's wait (the same Python), then the server.
+    assert len(calls[0]) == 2 and len(calls[1]) == 1, calls
+    return state, calls[0][0], calls[1][0], calls[0][1]
 
 
 # The flags of `lmcache server` the role renders, as the local engine's defaults give them (REFERENCE part M1).
@@ -142,8 +139,11 @@ LMCACHE_ARGV = ["server", "--host", "127.0.0.1", "--port", "8050", "--http-host"
 
 
 def test_lmcache_launchers_run_the_server_and_point_the_engine_at_it(tmp_path):
-    state, engine, server = _render_lmcache(tmp_path)
+    state, engine, server, wait = _render_lmcache(tmp_path)
     assert server["argv"] == LMCACHE_ARGV
+    # Before the server: the wait for a running engine's connector to find an old server gone (the engine's /health and
+    # log, at most three heartbeats and 10 s).
+    assert wait["argv"] == ["-", "http://127.0.0.1:8000/health", str(state / "run" / "default" / "engine.log"), "40"]
     run_dir = str(state / "run" / "default")
     assert server["env"]["PROMETHEUS_MULTIPROC_DIR"] == run_dir + "/lmcache-prometheus" and os.path.isdir(run_dir + "/lmcache-prometheus")
     assert server["env"]["TMPDIR"] == run_dir + "/tmp" and server["env"]["LMCACHE_TRACK_USAGE"] == "false"
@@ -155,15 +155,81 @@ def test_lmcache_launchers_run_the_server_and_point_the_engine_at_it(tmp_path):
 
 def test_lmcache_launcher_follows_the_settings(tmp_path):
     """Ports from the engine's, no event log flag without KV events, a fractional L1 (the init size is a whole number)."""
-    dummy, engine, server = _render_lmcache(tmp_path, local_engine_port=8100, local_engine_kv_events=False,
-                                            local_engine_lmcache_l1_size_gib=0.25, local_engine_lmcache_extra_args=["--max-workers", "2"],
-                                            local_engine_lmcache_connector_options={"lmcache.mp.mq_timeout": 30})
+    dummy, engine, server, wait = _render_lmcache(
+        tmp_path, local_engine_port=8100, local_engine_kv_events=False, local_engine_lmcache_l1_size_gib=0.25,
+        local_engine_lmcache_extra_args=["--max-workers", "2"], local_engine_lmcache_connector_options={"lmcache.mp.mq_timeout": 30})
     argv = server["argv"]
     assert argv[argv.index("--port") + 1] == "8150" and argv[argv.index("--http-port") + 1] == "8151"
     assert argv[argv.index("--l1-size-gb") + 1] == "0.25" and argv[argv.index("--l1-init-size-gb") + 1] == "1"
     assert "--kv-event-log-size" not in argv and argv[-4:] == ["--max-workers", "2", "--supported-transfer-mode", "auto"]
     config = json.loads(engine["argv"][engine["argv"].index("--kv-transfer-config") + 1])
     assert config["kv_connector_extra_config"]["lmcache.mp.port"] == 8150 and config["kv_connector_extra_config"]["lmcache.mp.mq_timeout"] == 30
+    assert wait["argv"][1] == "http://127.0.0.1:8100/health"
+
+
+def _launch_lmcache_beside(tmp_path, engine_log, append=None, engine_up=True):
+    """Render lmcache.sh.j2 with a real Python (the wait runs) and a stand-in lmcache, beside an engine whose /health
+    answers on a port of this test, its log ``engine_log``; ``append``: (seconds, text) added to the log meanwhile.
+    ``engine_up=False``: the engine's port closed before the launch. Returns (seconds until the server started, the
+    launcher's output)."""
+    import http.server  # pylint: disable=import-outside-toplevel
+    import socketserver  # pylint: disable=import-outside-toplevel
+    import threading  # pylint: disable=import-outside-toplevel
+
+    class Health(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # pylint: disable=invalid-name
+            self.send_response(200)
+            self.end_headers()
+
+        def log_message(self, *args):  # pylint: disable=arguments-differ
+            pass
+
+    engine = socketserver.TCPServer(("127.0.0.1", 0), Health)
+    threading.Thread(target=engine.serve_forever, daemon=True).start()
+    state = tmp_path / "state"
+    (state / "venv" / "bin").mkdir(parents=True)
+    (state / "run" / "default").mkdir(parents=True)
+    os.symlink(sys.executable, str(state / "venv" / "bin" / "python"))
+    started = state / "started"
+    stand_in = state / "venv" / "bin" / "lmcache"
+    stand_in.write_text("#!%s\nimport time\nopen(%r, 'w').write(repr(time.time()))\n" % (sys.executable, str(started)))
+    stand_in.chmod(0o755)
+    log = state / "run" / "default" / "engine.log"
+    log.write_text(engine_log)
+    _render(tmp_path, state, ["lmcache"], {"local_engine_state_dir": str(state), "local_engine_lmcache": True,
+                                           "ansible_python_interpreter": sys.executable, "local_engine_port": engine.server_address[1],
+                                           "_substrate_pins": {"software": {"lmcache": "0.5.6"}}})
+    if not engine_up:
+        engine.shutdown()
+        engine.server_close()
+    try:
+        if append:
+            threading.Timer(append[0], lambda: open(str(log), "a").write(append[1])).start()
+        begun = time.time()
+        out = subprocess.run([str(state / "lmcache.sh")], capture_output=True, text=True, timeout=120, check=True)
+        return float(started.read_text()) - begun, out.stdout
+    finally:
+        if engine_up:
+            engine.shutdown()
+            engine.server_close()
+
+
+HEALTHY = "LMCache WARNING: LMCache server is healthy again \u2014 resuming normal operation\n"
+DEGRADED = "LMCache WARNING: LMCache server is unhealthy \u2014 entering degraded mode\n"
+
+
+def test_a_server_started_under_a_running_engine_waits_for_its_connector_to_find_the_old_one_gone(tmp_path):
+    """The launcher starts the server only once the running engine's connector entered degraded mode (a new line of its
+    log): a server back within one heartbeat would never be registered with (lmcache 0.5.6)."""
+    seconds, out = _launch_lmcache_beside(tmp_path, "starting\n" + DEGRADED + HEALTHY, append=(1.5, DEGRADED))
+    assert seconds >= 1.5 and "waited" in out, (seconds, out)
+
+
+@pytest.mark.parametrize("engine_up, log", [(True, "starting\n" + HEALTHY + DEGRADED), (False, "starting\n" + HEALTHY)],
+                         ids=["engine-already-degraded", "no-engine-running"])
+def test_a_server_starts_at_once_where_there_is_nothing_to_wait_for(tmp_path, engine_up, log):
+    seconds, out = _launch_lmcache_beside(tmp_path, log, engine_up=engine_up)
+    assert seconds < 1.5 and "waited" not in out, (seconds, out)
 
 
 def test_lmcache_server_flags_parse_with_lmcache_s_own_parser(tmp_path):

@@ -50,6 +50,11 @@ MAX_EXPECT = 1000000000
 UNSENT_TRIGGER = {"sent": False, "url": None, "status": None, "prompt_tokens": None, "cached_tokens": None, "model": None}
 # Batches held against the router's decoder (the first ones of the check; each costs one more msgpack decode).
 ROUTER_CHECK_BATCHES = 1000
+# Where events are set aside at the trigger (bind mode, windows), the trigger also waits until the stream was quiet for
+# its delay: a connecting engine's backlog (up to its send high-water mark, thousands of batches after busy traffic)
+# arrives over more than the delay, and what came after the trigger would count as the request's. At most this long
+# more: an engine publishing for other clients all along is never quiet.
+BACKLOG_WAIT = 2.0
 
 
 def _expect_problem(expect, name):
@@ -161,7 +166,8 @@ TURN = (
 # After each "listen" (now read again), every rule whose condition holds acts, in this order.
 AFTER_LISTEN = (
     (lambda k, t, now: t.connected_at is None and all(s.connected for s in k.streams), "note_connected"),
-    (lambda k, t, now: t.trigger_pending and t.connected_at is not None and now - t.connected_at >= t.delay, "send_trigger"),
+    (lambda k, t, now: t.trigger_pending and t.connected_at is not None and now - t.connected_at >= t.delay
+     and (not k.sets_backlog_aside() or t.silent(now) >= t.delay or now - t.connected_at >= t.delay + BACKLOG_WAIT), "send_trigger"),
 )
 
 
@@ -326,6 +332,7 @@ class KVEventsCheck:
         # streams are connected but not yet noted: a later window's, open all along).
         due = [when for when in (clock.deadline, now + 0.1,
                                  clock.connected_at + clock.delay if clock.trigger_pending and clock.connected_at is not None else None,
+                                 clock.last_msg + clock.delay if clock.trigger_pending and clock.last_msg is not None else None,
                                  clock.last_msg + clock.settle if not clock.trigger_pending and clock.last_msg is not None else None)
                if when is not None and when > now]
         if clock.connected_at is None and all(s.connected for s in self.streams):
@@ -341,9 +348,13 @@ class KVEventsCheck:
         clock.connected_at = self.connected_since if self.windowed and self.connected_since is not None else now
         self.connected_since = clock.connected_at
 
+    def sets_backlog_aside(self):
+        """Whether what arrives before the trigger is a backlog set aside (bind mode, a window)."""
+        return self.params["socket_mode"] == "bind" or self.windowed
+
     def _send_trigger(self, clock, now):
         clock.trigger_pending = False
-        if self.params["socket_mode"] == "bind" or self.windowed:
+        if self.sets_backlog_aside():
             # An engine that connects queues its events while nobody is bound and delivers that backlog
             # as soon as we bind (and a subscription kept open between windows holds what came in between):
             # count only what arrives once the trigger is on its way.

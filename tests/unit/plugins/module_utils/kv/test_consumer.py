@@ -211,13 +211,17 @@ def test_gaps_of_a_stream_repaired_in_one_request_then_its_tail(zctx, replay_ser
 class Check:
     """What the rules read of the check: met(), the consumer's gap_since and the streams' connection."""
 
-    def __init__(self, met=False, gap_since=None, connected=(True,)):
+    def __init__(self, met=False, gap_since=None, connected=(True,), backlog_aside=False):
         self._met = met
         self.consumer = type("C", (), {"gap_since": gap_since})()
         self.streams = [type("S", (), {"connected": c})() for c in connected]
+        self.backlog_aside = backlog_aside
 
     def met(self):
         return self._met
+
+    def sets_backlog_aside(self):
+        return self.backlog_aside
 
 
 def clock(trigger=False, replay=True, settle=1.0, **state):
@@ -260,6 +264,13 @@ def test_after_listen_rules_connect_then_trigger_after_the_delay():
     timing.connected_at = 1.0
     assert [a for w, a in after if w(Check(), timing, 1.4)] == []
     assert [a for w, a in after if w(Check(), timing, 1.5)] == ["send_trigger"]
+    # Where the backlog is set aside, the stream must also have been quiet for the delay, at most BACKLOG_WAIT more.
+    timing.last_msg = 1.45
+    assert [a for w, a in after if w(Check(backlog_aside=True), timing, 1.5)] == []
+    assert [a for w, a in after if w(Check(backlog_aside=True), timing, 1.95)] == ["send_trigger"]
+    timing.last_msg = 3.49
+    assert [a for w, a in after if w(Check(backlog_aside=True), timing, 3.45)] == []
+    assert [a for w, a in after if w(Check(backlog_aside=True), timing, 1.0 + 0.5 + chk.BACKLOG_WAIT)] == ["send_trigger"]
     timing.trigger_pending = False
     assert [a for w, a in after if w(Check(), timing, 9.0)] == []
     assert all(hasattr(chk.KVEventsCheck, "_" + action) for _w, action in chk.TURN + chk.AFTER_LISTEN if action != "stop")
