@@ -21,7 +21,6 @@ import zmq
 from ansible_collections.inference_cache.substrate.plugins.module_utils.kv.args import KV_STREAM_ARG_SPEC
 from ansible_collections.inference_cache.substrate.plugins.module_utils.common.errors import CheckError
 from ansible_collections.inference_cache.substrate.plugins.module_utils.kv.events_check import (
-    BACKLOG_WAIT,
     CHECK_ARG_SPEC,
     WINDOW_OPTIONS,
     KVEventsCheck,
@@ -622,24 +621,27 @@ def test_a_later_window_sends_at_once_on_a_subscription_connected_long_ago(zctx,
         assert sent["cold"] - started >= 1.0
         started = time.monotonic()
         windows.around("warm", timed("warm", 1, {"prompt_tokens": 44, "cached_tokens": 32}))
-        assert sent["warm"] - started < 0.5
+        assert sent["warm"] - started < 0.9   # not the delay again (1 s)
 
 
 def test_a_backlog_arriving_over_longer_than_the_delay_is_set_aside(zctx, windows_publisher):
     """A connecting engine delivers what it queued (after busy traffic, thousands of batches) over more than the delay:
-    the request goes once the stream was quiet for the delay, so none of that backlog counts as the request's."""
+    the request goes once the stream was quiet for the delay, so none of that backlog counts as the request's. (The cap,
+    BACKLOG_WAIT, is held in test_consumer.py with a clock of its own: a publisher thread here cannot keep a cadence
+    under load.)"""
     pub = windows_publisher
     trickling = threading.Event()
 
     def backlog():
         assert subscribed(pub), "the window never subscribed"
-        for dummy in range(10):   # 10 batches 0.03 s apart: 0.3 s, six times the delay, never quiet that long
+        for dummy in range(60):   # 60 batches 0.02 s apart: 1.2 s, over twice the delay, never quiet for it in between
             pub.publish()
-            time.sleep(0.03)
+            time.sleep(0.02)
         trickling.set()
 
     thread = threading.Thread(target=backlog)
-    with RequestWindows(window_params(pub.endpoint, delay=0.05), "http://e:8000", model="tiny", ctx=zctx) as windows:
+    # The delay alone (0.5 s after the connection) would send the request while the backlog still arrives.
+    with RequestWindows(window_params(pub.endpoint, delay=0.5), "http://e:8000", model="tiny", ctx=zctx) as windows:
         windows.open()
         thread.start()
 
@@ -649,32 +651,4 @@ def test_a_backlog_arriving_over_longer_than_the_delay_is_set_aside(zctx, window
             return {"prompt_tokens": 40, "cached_tokens": 0}
         windows.around("cold", send)
     thread.join()
-    assert windows.windows["cold"]["batches"] == 1 and windows.windows["cold"]["backlog_batches"] == 10
-
-
-def test_a_stream_never_quiet_gets_its_request_after_the_backlog_wait(zctx, windows_publisher):
-    """Another client keeps the engine publishing: the request still goes, BACKLOG_WAIT after the delay."""
-    pub = windows_publisher
-    stop = threading.Event()
-
-    def busy():
-        assert subscribed(pub), "the window never subscribed"
-        while not stop.is_set():
-            pub.publish()
-            time.sleep(0.02)
-
-    thread = threading.Thread(target=busy)
-    sent = {}
-    with RequestWindows(window_params(pub.endpoint, delay=0.05, settle=0.01), "http://e:8000", model="tiny", ctx=zctx) as windows:
-        windows.open()
-        thread.start()
-        started = time.monotonic()
-
-        def send():
-            sent["after"] = time.monotonic() - started
-            stop.set()
-            thread.join()
-            pub.publish()   # the request's own batch
-            return {"prompt_tokens": 40, "cached_tokens": 0}
-        windows.around("cold", send)
-    assert BACKLOG_WAIT <= sent["after"] <= BACKLOG_WAIT + 1.5, sent
+    assert windows.windows["cold"]["batches"] == 1 and windows.windows["cold"]["backlog_batches"] == 60
