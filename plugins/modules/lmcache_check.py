@@ -321,8 +321,7 @@ from ansible_collections.inference_cache.substrate.plugins.module_utils.http.pre
 from ansible_collections.inference_cache.substrate.plugins.module_utils.kv.args import URL_SHAPE
 from ansible_collections.inference_cache.substrate.plugins.module_utils.kv.consumer import HAS_ZMQ, ZMQ_IMPORT_ERROR
 from ansible_collections.inference_cache.substrate.plugins.module_utils.kv.events import HAS_MSGSPEC, MSGSPEC_IMPORT_ERROR
-from ansible_collections.inference_cache.substrate.plugins.module_utils.lmcache.check import EVENTS_OPTIONS, TIER_OPTIONS, tier_probe
-from ansible_collections.inference_cache.substrate.plugins.module_utils.lmcache.tiers import TierWatch
+from ansible_collections.inference_cache.substrate.plugins.module_utils.lmcache.check import EVENTS_OPTIONS, TIER_OPTIONS, server_url, tier_probe
 
 # The option table (common/options.py): the argument spec and the ranges, checked before any request.
 OPTIONS = dict(HTTP_ARG_SPEC, **TIER_OPTIONS)
@@ -337,23 +336,18 @@ OPTIONS.update(
 
 def _always(params):
     """What every result carries, failures included."""
-    return dict(url=(params["url"] or "").rstrip("/"), lmcache_url=(params["lmcache_url"] or "").rstrip("/") or None)
+    return dict(url=(params["url"] or "").rstrip("/"), lmcache_url=server_url(params))
 
 
 def _check(params, module):
     url = params["url"].rstrip("/")
     options = client_options(params)
     client = OpenAIClient(url, timeout=params["timeout"], **options)
-    watch = None
-    events = params["kv_events"]
-    if events:
+    if params["kv_events"]:
         for name, present, error in (("pyzmq", HAS_ZMQ, ZMQ_IMPORT_ERROR), ("msgspec", HAS_MSGSPEC, MSGSPEC_IMPORT_ERROR)):
             if not present:
                 module.fail_json(msg=missing_required_lib(name), exception=error)
-        watch = TierWatch(events["endpoint"], events["socket_mode"] == "bind", events["topic"],
-                          connect_timeout=events["connect_timeout"])
-    probe = tier_probe(client, params["metrics_url"] or url + "/metrics", params["model"], params, options, params["timeout"],
-                       watch=watch)
+    probe = tier_probe(client, params["metrics_url"] or url + "/metrics", params["model"], params, options, params["timeout"])
     # A failure's facts carry its warnings to fail_json, which warns each once.
     result = probe.run()
     for warning in result.pop("warnings"):

@@ -440,8 +440,7 @@ from ansible_collections.inference_cache.substrate.plugins.module_utils.http.pre
 from ansible_collections.inference_cache.substrate.plugins.module_utils.kv.consumer import HAS_ZMQ, ZMQ_IMPORT_ERROR
 from ansible_collections.inference_cache.substrate.plugins.module_utils.kv.events import HAS_MSGSPEC, MSGSPEC_IMPORT_ERROR
 from ansible_collections.inference_cache.substrate.plugins.module_utils.kv.events_check import WINDOW_OPTIONS, RequestWindows
-from ansible_collections.inference_cache.substrate.plugins.module_utils.lmcache.check import EVENTS_OPTIONS, TIER_OPTIONS, tier_probe
-from ansible_collections.inference_cache.substrate.plugins.module_utils.lmcache.tiers import TierWatch
+from ansible_collections.inference_cache.substrate.plugins.module_utils.lmcache.check import EVENTS_OPTIONS, TIER_OPTIONS, server_url, tier_probe
 
 # The option table (common/options.py): the argument spec and the ranges, checked before any request.
 OPTIONS = dict(
@@ -536,24 +535,14 @@ def _tier(params, module, client, metrics_url, model, result, shared=None):
     ``CheckError`` with its sentence, the prefix-cache facts and the tier's under ``lmcache``. ``shared``: the windows'
     open subscription of the tier's stream, or None (the tier's watch subscribes anew)."""
     tier = params["lmcache"]
-    events, watch = tier["kv_events"], None
-    if events:
-        watch = TierWatch(events["endpoint"], events["socket_mode"] == "bind", events["topic"],
-                          connect_timeout=events["connect_timeout"])
-        if shared is not None:
-            watch.take_over(shared)
     try:
-        facts = tier_probe(client, metrics_url, model, tier, client_options(params), params["timeout"], watch=watch).run()
+        facts = tier_probe(client, metrics_url, model, tier, client_options(params), params["timeout"], shared=shared).run()
     except CheckError as exc:
         warnings = exc.facts.pop("warnings", [])
-        raise CheckError(exc.msg, dict(result, lmcache=dict(exc.facts, lmcache_url=_server(tier)), warnings=warnings))
+        raise CheckError(exc.msg, dict(result, lmcache=dict(exc.facts, lmcache_url=server_url(tier)), warnings=warnings))
     for warning in facts.pop("warnings"):
         module.warn(warning)
-    return dict(facts, lmcache_url=_server(tier))
-
-
-def _server(tier):
-    return (tier["lmcache_url"] or "").rstrip("/") or None
+    return dict(facts, lmcache_url=server_url(tier))
 
 
 def main():

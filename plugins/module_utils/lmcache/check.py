@@ -60,6 +60,7 @@ from ..common.errors import CheckError
 from ..http.openai import OpenAIClient, OpenAIHTTPError, cached_tokens, check_usage, model_ids
 from ..http.prefix_cache import filler, parse_metrics
 from ..kv.args import ENDPOINT_SHAPE, URL_SHAPE
+from .tiers import TierWatch
 
 # vLLM (vllm/v1/metrics/loggers.py at 0.32.0): the counters of any KV connector, and the engine's own prefix cache.
 EXTERNAL_HITS = "vllm:external_prefix_cache_hits_total"
@@ -618,21 +619,32 @@ class LMCacheProbe:
         return base + "."
 
 
-def tier_probe(client, metrics_url, model, options, http_options, timeout, watch=None):
+def tier_probe(client, metrics_url, model, options, http_options, timeout, shared=None):
     """The ``LMCacheProbe`` of ``TIER_OPTIONS`` ``options`` for the engine of ``client`` (``model``: its model, or None for
-    the first it lists): its LMCache server (``lmcache_url``)
-    asked with the engine's TLS settings (``http_options``, ``http.args.client_options``) but not its token, each request
-    bounded by ``LMCACHE_TIMEOUT``; ``watch``: a ``tiers.TierWatch`` or None."""
+    the first it lists): its LMCache server (``lmcache_url``) asked with the engine's TLS settings (``http_options``,
+    ``http.args.client_options``) but not its token, each request bounded by ``LMCACHE_TIMEOUT``; with
+    ``options["kv_events"]`` (``EVENTS_OPTIONS``) a ``tiers.TierWatch`` on that stream, on ``shared`` where given (another
+    watch's open subscription of it, ``RequestWindows.hand_over``)."""
     lmcache = None
     if options["lmcache_url"]:
         server_options = dict(http_options, api_key=None)   # the engine's token, not the LMCache server's
         lmcache = OpenAIClient(options["lmcache_url"].rstrip("/"), timeout=min(timeout, LMCACHE_TIMEOUT), **server_options)
+    events, watch = options.get("kv_events"), None
+    if events:
+        watch = TierWatch(events["endpoint"], events["socket_mode"] == "bind", events["topic"], connect_timeout=events["connect_timeout"])
+        if shared is not None:
+            watch.take_over(shared)
     return LMCacheProbe(
         client, lmcache, metrics_url, model=model, prefix_tokens=options["prefix_tokens"],
         max_tokens=options["max_tokens"], miss=options["miss"], flood_prompts=options["flood_prompts"],
         chunk_size=options["chunk_size"], hash_algorithm=options["hash_algorithm"],
         logprob_tolerance=options["logprob_tolerance"], settle=options["settle"], watch=watch,
     )
+
+
+def server_url(options):
+    """The LMCache server's URL as results report it (``lmcache_url`` without a trailing slash), or None."""
+    return (options.get("lmcache_url") or "").rstrip("/") or None
 
 
 def _clip(text, limit=40):
