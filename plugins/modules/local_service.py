@@ -16,7 +16,8 @@ description:
   - Runs a launcher script (a vLLM engine of the role C(inference_cache.substrate.local_engine), etcd and the control
     plane of C(inference_cache.substrate.kwok_cluster), a confined EPP, any process the collection runs on this
     machine) in the background, in a session of its own, and waits until its health URL answers; or stops that
-    session (SIGTERM to the whole process group, a bounded wait, then SIGKILL).
+    session (SIGTERM to the whole process group, or first to its leader alone, see O(stop_scope); a bounded wait, then
+    SIGKILL).
   - The process is restarted when O(checksum) differs from the checksum it was started with.
   - Records the process's pid in O(pidfile), and in O(runfile) the checksum and the process's identity (start time and
     boot id). A pid is only signalled when the live process is the one recorded, so a pid reused after a reboot or
@@ -104,6 +105,18 @@ options:
     description: Seconds to wait after SIGTERM before SIGKILL.
     type: int
     default: 30
+  stop_scope:
+    description:
+      - Who gets the first SIGTERM of a stop (or of a restart on new settings).
+      - V(group) signals every process of the session's process group at once.
+      - V(leader) signals the process the launcher C(exec)s alone, as the kubelet signals a container's first process,
+        and the rest of the group only once it has exited (or at once when it is gone already). For a program that stops
+        its own children, such as a vLLM engine, whose API server sends its EngineCore a SIGTERM of its own (vLLM 0.32.0's
+        EngineCore can hang for good on a second one that lands while the first is handled).
+      - Whatever is left when O(stop_timeout) runs out gets SIGKILL, the whole group, either way.
+    type: str
+    choices: [group, leader]
+    default: group
 """
 
 EXAMPLES = r"""
@@ -196,6 +209,7 @@ OPTIONS = dict(
     ports_hint=dict(type="str", default=""),
     start_timeout=dict(type="int", default=300, range=(0, None, "open-low"), must_be=SECONDS),
     stop_timeout=dict(type="int", default=30, range=(0, None, "open-low"), must_be=SECONDS),
+    stop_scope=dict(type="str", choices=["group", "leader"], default="group"),
 )
 
 
@@ -215,7 +229,7 @@ def _ensure(params, check_mode):
     """Start or stop the process as ``state`` says; the result of the Supervisor (``changed`` from its comparison)."""
     files = ServiceFiles(params["pidfile"], params["runfile"], log=params["log"], launcher=params["launcher"])
     service = Supervisor(files, _health_probe(params["api_key"], params["health_ca_path"]), check_mode=check_mode,
-                         name=params["name"], ports_hint=params["ports_hint"])
+                         name=params["name"], ports_hint=params["ports_hint"], stop_scope=params["stop_scope"])
     try:
         if params["state"] == "stopped":
             return service.ensure_stopped(params["stop_timeout"])

@@ -7,7 +7,8 @@
 
 An instance of the local_engine role of its own (``pytest-drain``, HTTP port 8700, no KV events, no LMCache), sharing the
 default engine's installation and model, is started through ``playbooks/site.yml`` and stopped through
-``playbooks/teardown.yml``, the role's own stop path: SIGTERM to the engine's process group, a wait, then SIGKILL. It takes
+``playbooks/teardown.yml``, the role's own stop path: SIGTERM to vLLM's API server alone (``stop_scope: leader``; it
+stops its EngineCore with a SIGTERM of its own), a wait, then SIGKILL to the process group. It takes
 the lock of tests/integration/test_local_engine_e2e.py, so two engine test modules never run at once.
 
 * ``test_a_request_in_flight_finishes_when_the_role_stops_the_engine``: ``local_engine_shutdown_timeout`` 300 (vLLM's
@@ -236,7 +237,18 @@ def _stop_during_a_request(pid, shutdown_timeout):
             "stop_s": round(stopped - released, 2), "teardown_rc": teardown.returncode, "after_sigterm": after,
             "engine_alive": process.running(engine[0]), "mode": _mode(tail),
             "drained": "[shutdown] EngineCore: draining in-flight requests count=1" in tail,
-            "force_killed": "force killing" in tail, "teardown_output": output.text()[-2000:], "log": tail[-3000:]}
+            "force_killed": "force killing" in tail, "engine_core_sigterms": tail.count(ENGINE_CORE_SIGTERM),
+            "teardown_output": output.text()[-2000:], "log": _shutdown_lines(tail)}
+
+
+# What vLLM 0.32.0's EngineCore logs for each SIGTERM it handles (vllm/v1/engine/core.py run_engine_core signal_handler).
+ENGINE_CORE_SIGTERM = "[shutdown] EngineCore: trigger received signal=SIGTERM"
+
+
+def _shutdown_lines(log):
+    """The engine's lines of the stop: vLLM's [shutdown] lines, its throughput every 10 s, errors (not the tracebacks)."""
+    keep = ("[shutdown]", "throughput", "ERROR", "WARNING", "Error:")
+    return "\n".join(line[:240] for line in log.splitlines() if any(k in line for k in keep))[-4000:]
 
 
 def _mode(log):
@@ -257,6 +269,9 @@ def test_a_request_in_flight_finishes_when_the_role_stops_the_engine():
         stopped = _stop_during_a_request(pid, shutdown_timeout)
         print("local_engine_shutdown_timeout %d, stop timeout %d: %s" % (shutdown_timeout, STOP_TIMEOUT, json.dumps(_brief(stopped))))
         assert stopped["signalled"] and stopped["in_flight_at_release"] and stopped["in_flight_at_sigterm"], stopped
+        # The role signals vLLM's API server alone (stop_scope leader); the EngineCore gets one SIGTERM, its API server's.
+        # Signalled with its group, it got two, and a second landing while it handled the first hung it for good.
+        assert stopped["engine_core_sigterms"] == 1, stopped["log"]
         assert stopped["mode"] == "drain" and stopped["drained"], stopped["log"]
         # The request in flight at SIGTERM: every token, answered after the signal (generated during the drain) and after
         # local_engine_stop_timeout: the role waited for the drain instead of killing the engine.
@@ -278,6 +293,7 @@ def test_without_a_shutdown_timeout_the_request_in_flight_is_aborted():
         # Running when the role's stop went ahead (the abort is over before the test reads the engine's log of the signal).
         assert stopped["signalled"] and stopped["in_flight_at_release"], stopped
         assert stopped["mode"] == "abort" and not stopped["drained"], stopped["log"]
+        assert stopped["engine_core_sigterms"] <= 1, stopped["log"]
         # Cut short: an error (vLLM 0.32.0 kills its engine core at once: HTTP 500 "EngineCore encountered an issue", or the
         # connection closes without an answer), or fewer tokens.
         result = stopped["request"]

@@ -16,9 +16,9 @@ reboot, or after the service died) is never killed. A run file from before ident
 checksum) is accepted when the process started before its pid file was written.
 
 ``Supervisor.ensure_started`` (ports checked first, the owner of a taken one named; a start waits for the health URL
-within a bound; a new checksum restarts) and ``ensure_stopped`` (SIGTERM to the whole group, a bounded wait, SIGKILL)
-are what the module local_service calls, one at a time per instance (a lock beside the pid file). The health probe is
-passed in, so this file needs no HTTP client.
+within a bound; a new checksum restarts) and ``ensure_stopped`` (SIGTERM to the whole group, or first to its leader alone:
+``stop_scope``; a bounded wait, SIGKILL) are what the module local_service calls, one at a time per instance (a lock beside
+the pid file). The health probe is passed in, so this file needs no HTTP client.
 """
 
 from __future__ import absolute_import, division, print_function
@@ -167,13 +167,16 @@ def status(files):
 
 def signal_all(leader, handles, signum):
     """``signum`` to the process group of ``leader`` (while it has members, so its id cannot name another group) and
-    to each process of ``handles`` that is still the one listed."""
-    if process.group(leader):
+    to each process of ``handles`` outside it that is still the one listed: each process gets it once."""
+    grouped = set(process.group(leader))
+    if grouped:
         try:
             os.killpg(leader, signum)
         except OSError:
-            pass
+            grouped = set()
     for handle in handles:
+        if handle.pid in grouped:
+            continue
         try:
             handle.send_signal(signum)
         except process.psutil.Error:
@@ -184,13 +187,34 @@ def _still(leader, handles):
     return sorted(set(process.members(leader)) | set(h.pid for h in handles if process.running(h)))
 
 
-def stop_group(leader, pids, timeout):
-    """SIGTERM the group of ``leader`` and ``pids``, a bounded wait, SIGKILL what is left; returns what remains."""
+# Who gets the first SIGTERM of a stop: the whole process group, or its leader alone (the rest once the leader is gone).
+STOP_SCOPES = ("group", "leader")
+
+
+def stop_group(leader, pids, timeout, scope="group"):
+    """SIGTERM the group of ``leader`` and ``pids``, a bounded wait, SIGKILL what is left; returns what remains.
+
+    ``scope`` ``leader``: the first SIGTERM goes to the live leader alone, as the kubelet signals a container's first
+    process, and the rest of the group gets it once the leader has exited (or at once when the leader is already gone).
+    A program that stops its own children (vLLM's API server stops its EngineCore) then gets one SIGTERM each, not two."""
+    if scope not in STOP_SCOPES:
+        raise ValueError("scope must be one of %s, not %r" % (", ".join(STOP_SCOPES), scope))
     handles = process.handles(sorted(set(pids) | set(process.members(leader)) | {leader}))
     targets = sorted(h.pid for h in handles)
-    signal_all(leader, handles, signal.SIGTERM)
+    heads = [h for h in handles if h.pid == leader and process.running(h)] if scope == "leader" else []
+    for head in heads:
+        try:
+            head.send_signal(signal.SIGTERM)
+        except process.psutil.Error:
+            pass
+    rest_signalled = not heads
+    if rest_signalled:
+        signal_all(leader, handles, signal.SIGTERM)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline and _still(leader, handles):
+        if not rest_signalled and not any(process.running(h) for h in heads):
+            signal_all(leader, handles, signal.SIGTERM)
+            rest_signalled = True
         time.sleep(0.2)
     killed = _still(leader, handles)
     if killed:
@@ -206,11 +230,15 @@ class Supervisor(object):
     """Bring one service instance to a state. ``healthy(url)`` returns True when the process answers its health URL.
 
     ``name`` is what the process is in the sentences of a failure (``engine``, ``etcd``); ``ports_hint`` names the
-    variables that set its ports, in the sentence for a taken port.
+    variables that set its ports, in the sentence for a taken port; ``stop_scope`` who gets a stop's first SIGTERM
+    (``stop_group``).
     """
 
     def __init__(self, files, healthy, check_mode=False, clock=time.monotonic, sleep=time.sleep, name="service",
-                 ports_hint=""):
+                 ports_hint="", stop_scope="group"):
+        if stop_scope not in STOP_SCOPES:
+            raise ServiceError("stop_scope must be one of %s, not %r." % (", ".join(STOP_SCOPES), stop_scope))
+        self.stop_scope = stop_scope
         self.files = files
         self.name = name
         self.ports_hint = ports_hint
@@ -239,7 +267,7 @@ class Supervisor(object):
                 result["changed"] = True
                 result["stopped_pids"] = current["pids"] or [current["recorded_pid"]]
                 if not self.check_mode:
-                    stopped = stop_group(current["recorded_pid"], current["pids"], timeout)
+                    stopped = stop_group(current["recorded_pid"], current["pids"], timeout, self.stop_scope)
                     if stopped["remaining"]:
                         raise ServiceError(
                             "Cannot stop the %s: processes %s are still running after SIGKILL."
@@ -266,7 +294,7 @@ class Supervisor(object):
                 result.update(pid=None, pids=[], rss_kib=0, start_seconds=None)
                 return result
             if current["running"] or current["leftovers"]:
-                stopped = stop_group(current["recorded_pid"], current["pids"], stop_timeout)
+                stopped = stop_group(current["recorded_pid"], current["pids"], stop_timeout, self.stop_scope)
                 if stopped["remaining"]:
                     raise ServiceError(
                         "Cannot restart the %s: processes %s of the old one are still running after SIGKILL."
@@ -326,7 +354,8 @@ class Supervisor(object):
 
 # The record a role publishes of a service instance it runs (local_engine_info.service, a simulated engine's service): what
 # restarts it from outside a playbook (a benchmark that restarts an engine part way, as local_service would).
-SERVICE_KEYS = ("name", "launcher", "log", "pidfile", "runfile", "health_url", "host", "ports", "start_timeout", "stop_timeout")
+SERVICE_KEYS = ("name", "launcher", "log", "pidfile", "runfile", "health_url", "host", "ports", "start_timeout", "stop_timeout",
+                "stop_scope")
 
 
 def restart(service, healthy, clock=time.monotonic, sleep=time.sleep):
@@ -337,7 +366,8 @@ def restart(service, healthy, clock=time.monotonic, sleep=time.sleep):
         raise ServiceError("The service record lacks %s; restart it through its role, whose record (local_engine_info.service) "
                            "has them." % ", ".join(missing))
     files = ServiceFiles(service["pidfile"], service["runfile"], log=service["log"], launcher=service["launcher"])
-    supervisor = Supervisor(files, healthy, clock=clock, sleep=sleep, name=service.get("name") or "service")
+    supervisor = Supervisor(files, healthy, clock=clock, sleep=sleep, name=service.get("name") or "service",
+                            stop_scope=service.get("stop_scope") or "group")
     stop_timeout = int(service.get("stop_timeout") or 30)
     supervisor.ensure_stopped(stop_timeout)
     return supervisor.ensure_started(file_checksum(service["launcher"]) or "", service["health_url"], service.get("host") or "127.0.0.1",

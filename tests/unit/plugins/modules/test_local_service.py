@@ -69,3 +69,15 @@ def test_the_checksum_defaults_to_the_launchers(tmp_path, monkeypatch):
     finally:
         exited, stopped = run_module(module, dict(_files(tmp_path), state="stopped"))
     assert exited and stopped["changed"]
+
+
+def test_stop_scope_reaches_the_supervisor(tmp_path, monkeypatch):
+    """stop_scope leader: the stop signals the launcher's process alone first; a scope not offered is refused."""
+    seen = []
+    monkeypatch.setattr(module, "Supervisor", lambda *args, **kwargs: seen.append(kwargs["stop_scope"]) or S.Supervisor(*args, **kwargs))
+    exited, result = run_module(module, dict(_files(tmp_path), state="stopped", stop_scope="leader"))
+    assert exited and not result["changed"] and seen == ["leader"]
+    exited, result = run_module(module, dict(_files(tmp_path), state="stopped"))
+    assert exited and seen == ["leader", "group"]
+    exited, result = run_module(module, dict(_files(tmp_path), state="stopped", stop_scope="session"))
+    assert not exited and "stop_scope" in result["msg"] and "group, leader" in result["msg"]

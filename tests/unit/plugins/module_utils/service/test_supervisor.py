@@ -124,10 +124,12 @@ def test_a_changed_checksum_restarts_and_the_same_does_not(tmp_path):
     assert S.status(service.files)["checksum"] == "two"
 
 
-def test_a_stop_kills_the_whole_group(tmp_path):
+@pytest.mark.parametrize("scope", S.STOP_SCOPES)
+def test_a_stop_kills_the_whole_group(tmp_path, scope):
     """A child that ignores SIGTERM is killed after the bounded wait; a descendant that left the group (setsid) and
-    a child that the leader outlives are stopped too."""
-    service = _service(tmp_path, "sh -c \"trap '' TERM; while :; do sleep 1; done\" &\nsetsid sleep 302 &\nexec sleep 301\n")
+    a child that the leader outlives are stopped too; whoever got the first SIGTERM."""
+    service = _service(tmp_path, "sh -c \"trap '' TERM; while :; do sleep 1; done\" &\nsetsid sleep 302 &\nexec sleep 301\n",
+                       stop_scope=scope)
     started = _start(service)
 
     def lasting():
@@ -152,9 +154,63 @@ def test_a_stop_kills_the_whole_group(tmp_path):
     assert P.members(started["pid"]) == []
 
 
-def test_leftovers_of_a_dead_leader_are_stopped(tmp_path):
-    """The leader died, its child lives on in its session: status names it, a stop ends it."""
-    service = _service(tmp_path, "sleep 300 &\nexec sleep 301\n")
+# A leader that stops its child itself on SIGTERM, as vLLM's API server stops its EngineCore: it notes the signal, takes
+# 0.5 s, sends its child a SIGTERM, then a SIGKILL 0.3 s later, and exits. The child notes each SIGTERM it gets.
+_STOPS_ITS_CHILD = """\
+sh -c 'trap "echo child TERM >> signals" TERM; echo child ready >> signals; while :; do sleep 0.05; done' &
+child=$!
+trap 'echo leader TERM >> signals; sleep 0.5; kill -TERM $child; sleep 0.3; kill -KILL $child; echo leader exit >> signals; exit 0' TERM
+while :; do sleep 0.05; done
+"""
+
+
+def _signals(tmp_path):
+    path = tmp_path / "signals"
+    return path.read_text().splitlines() if path.exists() else []
+
+
+@pytest.mark.parametrize("scope", S.STOP_SCOPES)
+def test_a_leader_that_stops_its_children_gets_the_first_sigterm_alone(tmp_path, monkeypatch, scope):
+    monkeypatch.chdir(tmp_path)
+    service = _service(tmp_path, _STOPS_ITS_CHILD, stop_scope=scope)
+    started = _start(service)
+    _wait_for(lambda: _signals(tmp_path) == ["child ready"], "the child's trap")
+    stopped = service.ensure_stopped(20)
+    got = _signals(tmp_path)
+    assert got[0] == "child ready" and got[-1] == "leader exit" and got.count("leader TERM") == 1, got
+    if scope == "leader":
+        # The leader alone: the child gets one SIGTERM, the leader's own, after the leader got its own.
+        assert got == ["child ready", "leader TERM", "child TERM", "leader exit"], got
+    else:
+        # The whole group: the child gets the group's SIGTERM at once, and the leader's too.
+        assert got.count("child TERM") == 2, got
+    assert stopped["changed"] and stopped["killed"] == [] and not _alive(started["pid"])
+    assert P.members(started["pid"]) == []
+
+
+def test_a_leader_that_leaves_its_child_behind_has_it_stopped_after_it(tmp_path, monkeypatch):
+    """Scope leader: the leader exits without stopping its child; the child then gets SIGTERM (not only the SIGKILL)."""
+    monkeypatch.chdir(tmp_path)
+    script = ("sh -c 'trap \"echo child TERM >> signals; exit 0\" TERM; echo child ready >> signals; while :; do sleep 0.05; done' &\n"
+              "trap 'echo leader TERM >> signals; exit 0' TERM\nwhile :; do sleep 0.05; done\n")
+    service = _service(tmp_path, script, stop_scope="leader")
+    started = _start(service)
+    _wait_for(lambda: _signals(tmp_path) == ["child ready"], "the child's trap")
+    stopped = service.ensure_stopped(20)
+    assert _signals(tmp_path) == ["child ready", "leader TERM", "child TERM"]
+    assert stopped["killed"] == [] and P.members(started["pid"]) == []
+
+
+def test_an_unknown_stop_scope_is_one_sentence(tmp_path):
+    with pytest.raises(S.ServiceError) as info:
+        _service(tmp_path, "exec sleep 300\n", stop_scope="session")
+    assert str(info.value) == "stop_scope must be one of group, leader, not 'session'."
+
+
+@pytest.mark.parametrize("scope", S.STOP_SCOPES)
+def test_leftovers_of_a_dead_leader_are_stopped(tmp_path, scope):
+    """The leader died, its child lives on in its session: status names it, a stop ends it (with SIGTERM, at once)."""
+    service = _service(tmp_path, "sleep 300 &\nexec sleep 301\n", stop_scope=scope)
     started = _start(service)
     _wait_for(lambda: len(S.status(service.files)["pids"]) == 2, "the child")
     child = [pid for pid in S.status(service.files)["pids"] if pid != started["pid"]][0]
@@ -163,7 +219,7 @@ def test_leftovers_of_a_dead_leader_are_stopped(tmp_path):
     status = S.status(service.files)
     assert not status["running"] and status["leftovers"] == [child] and status["foreign"] is None
     stopped = service.ensure_stopped(5)
-    assert stopped["changed"] and child in stopped["stopped_pids"] and not _alive(child)
+    assert stopped["changed"] and child in stopped["stopped_pids"] and not _alive(child) and stopped["killed"] == []
 
 
 def test_check_mode_changes_nothing(tmp_path):
@@ -345,7 +401,7 @@ def test_restart_from_the_record_a_role_publishes_stops_and_starts_a_new_process
     first = service.ensure_started(S.file_checksum(service.files.launcher), "http://127.0.0.1:9/health", "127.0.0.1", [], 20, 5)
     record = {"name": "engine", "launcher": service.files.launcher, "log": service.files.log, "pidfile": service.files.pidfile,
               "runfile": service.files.runfile, "health_url": "http://127.0.0.1:9/health", "host": "127.0.0.1", "ports": [],
-              "start_timeout": 20, "stop_timeout": 5}
+              "start_timeout": 20, "stop_timeout": 5, "stop_scope": "leader"}
     assert set(record) == set(S.SERVICE_KEYS)
     again = S.restart(record, lambda url: True)
     assert again["started"] and again["pid"] != first["pid"] and not _alive(first["pid"]) and _alive(again["pid"])
