@@ -183,7 +183,7 @@ from ansible_collections.inference_cache.substrate.plugins.module_utils.common.e
 from ansible_collections.inference_cache.substrate.plugins.module_utils.common.module import ansible_module
 from ansible_collections.inference_cache.substrate.plugins.module_utils.common.options import validate
 from ansible_collections.inference_cache.substrate.plugins.module_utils.service.process import HAS_PSUTIL, PSUTIL_IMPORT_ERROR
-from ansible_collections.inference_cache.substrate.plugins.module_utils.service.supervisor import ServiceFiles, Supervisor, file_checksum
+from ansible_collections.inference_cache.substrate.plugins.module_utils.service.supervisor import STOP_SCOPES, ServiceFiles, Supervisor, file_checksum
 
 
 def _ports_problem(ports, name):
@@ -209,7 +209,7 @@ OPTIONS = dict(
     ports_hint=dict(type="str", default=""),
     start_timeout=dict(type="int", default=300, range=(0, None, "open-low"), must_be=SECONDS),
     stop_timeout=dict(type="int", default=30, range=(0, None, "open-low"), must_be=SECONDS),
-    stop_scope=dict(type="str", choices=["group", "leader"], default="group"),
+    stop_scope=dict(type="str", choices=list(STOP_SCOPES), default="group"),
 )
 
 
