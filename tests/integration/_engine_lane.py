@@ -3,7 +3,8 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
 
-"""What the engine-lane tests that start their own local_engine instance share: paths, skip-or-fail, the playbook run."""
+"""What the engine-lane tests that start their own local_engine instance share: paths, skip-or-fail, the playbook run,
+and the lines of a vLLM log that show how a stop went."""
 
 from __future__ import absolute_import, division, print_function
 
@@ -49,3 +50,10 @@ def port_free(port, host="127.0.0.1"):
             return True
         except OSError:
             return False
+
+
+def shutdown_lines(log):
+    """vLLM's lines of a stop in the text of its log: its [shutdown] lines, its throughput every 10 s, warnings and errors
+    (not the tracebacks)."""
+    keep = ("[shutdown]", "throughput", "ERROR", "WARNING", "Error:")
+    return "\n".join(line[:240] for line in log.splitlines() if any(k in line for k in keep))[-4000:]

@@ -50,7 +50,7 @@ import urllib.request
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _engine_lane import ENV, PLAYBOOK, ROOT, STATE_DIR  # noqa: E402  pylint: disable=wrong-import-position
 from _engine_lane import engine_installed as _engine_installed  # noqa: E402  pylint: disable=wrong-import-position
-from _engine_lane import port_free as _port_free, playbook as _playbook  # noqa: E402  pylint: disable=wrong-import-position
+from _engine_lane import port_free as _port_free, playbook as _playbook, shutdown_lines as _shutdown_lines  # noqa: E402  pylint: disable=wrong-import-position
 from ansible_collections.inference_cache.substrate.plugins.module_utils.service import process  # noqa: E402  pylint: disable=wrong-import-position,wrong-import-order
 
 # Ports no other run uses (make test: 8000, 5557-5558, 8100-8150, 8200, 8300-8310, 8520; bench: 8400-8401, 8500-8513).
@@ -243,12 +243,6 @@ def _stop_during_a_request(pid, shutdown_timeout):
 
 # What vLLM 0.32.0's EngineCore logs for each SIGTERM it handles (vllm/v1/engine/core.py run_engine_core signal_handler).
 ENGINE_CORE_SIGTERM = "[shutdown] EngineCore: trigger received signal=SIGTERM"
-
-
-def _shutdown_lines(log):
-    """The engine's lines of the stop: vLLM's [shutdown] lines, its throughput every 10 s, errors (not the tracebacks)."""
-    keep = ("[shutdown]", "throughput", "ERROR", "WARNING", "Error:")
-    return "\n".join(line[:240] for line in log.splitlines() if any(k in line for k in keep))[-4000:]
 
 
 def _mode(log):

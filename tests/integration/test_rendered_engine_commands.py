@@ -90,6 +90,7 @@ import pytest
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _k8s_render as R  # noqa: E402  pylint: disable=wrong-import-position,import-error
 import _engine_commands as E  # noqa: E402  pylint: disable=wrong-import-position,import-error
+from _engine_lane import shutdown_lines  # noqa: E402  pylint: disable=wrong-import-position,import-error
 from _engine_commands import (  # noqa: E402  pylint: disable=wrong-import-position,import-error
     ENGINE_PYTHON, CLI, VLLM_VERSION, POD_IP, RESERVED_PORTS, START_TIMEOUT, STARTED_ENGINE_CASE, DEFAULT_CPU_CASE,
     STARTED_SIDECAR_CASE, UPSTREAM_CPU_IMAGE, LMCACHE_VERSION, SGLANG_VERSION, arg_value, is_sglang, is_vllm,
@@ -262,8 +263,10 @@ class Started:
         self.started = time.monotonic()
 
     def tail(self, chars=3000):
+        """The log's last ``chars`` characters (all of it with None)."""
         with open(self.log, errors="replace") as handle:
-            return handle.read()[-chars:]
+            text = handle.read()
+        return text if chars is None else text[-chars:]
 
     def wait_healthy(self, url, timeout=START_TIMEOUT):
         deadline = time.monotonic() + timeout
@@ -279,12 +282,6 @@ class Started:
             time.sleep(1)
         pytest.fail("no answer from %s/health within %d s:\n%s" % (url, timeout, self.tail()))
         return None
-
-    def shutdown_lines(self):
-        """The log's lines of a stop: vLLM's [shutdown] lines, its throughput every 10 s, errors (not the tracebacks)."""
-        keep = ("[shutdown]", "throughput", "ERROR", "Error:")
-        with open(self.log, errors="replace") as handle:
-            return "\n".join(line[:240] for line in handle.read().splitlines() if any(k in line for k in keep))[-4000:]
 
     def stop(self, timeout=30):
         for sig, wait in ((signal.SIGTERM, timeout), (signal.SIGKILL, 10)):
@@ -501,11 +498,11 @@ def test_without_shutdown_timeout_a_request_in_flight_is_aborted(commands, check
     engine = Started(argv, local_env(entry, str(tmp_path / "home")), commands["workdir"], str(tmp_path / "engine.log"))
     try:
         engine.wait_healthy(url)
-        max_tokens = ABORT_MODEL_LEN - 100
+        max_tokens = int(arg_value(argv, "--max-model-len")) - 100
         rate = decode_rate(url, served)
         stopped = stop_during_a_request(engine, url, served, max_tokens)
         print("SIGTERM with --shutdown-timeout 0, %d tokens at %.0f tokens/s: %s" % (max_tokens, rate, stopped))
-        shown = "%s\n%.0f tokens/s before the signal; the engine's lines of the stop:\n%s" % (stopped, rate, engine.shutdown_lines())
+        shown = "%s\n%.0f tokens/s before the signal; the engine's lines of the stop:\n%s" % (stopped, rate, shutdown_lines(engine.tail(None)))
         # Cut short, whichever way vLLM 0.32.0 ends it (each seen here): an aborted answer (finish_reason abort), a dropped
         # connection, a stream that stalls (the engine core killed, the HTTP server waiting for the stream to close: the
         # client gives up), or a stream that ends with [DONE], HTTP 200 and no finish_reason after 2 of 3996 tokens (under
