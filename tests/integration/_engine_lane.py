@@ -52,6 +52,11 @@ def port_free(port, host="127.0.0.1"):
             return False
 
 
+# vLLM 0.32.0's engine core, when it handles SIGTERM with a request in flight and a shutdown timeout
+# (vllm/v1/engine/core.py _handle_shutdown; " timeout=<s>s" follows).
+ENGINE_CORE_DRAINING = "[shutdown] EngineCore: draining in-flight requests count=1"
+
+
 def shutdown_lines(log):
     """vLLM's lines of a stop in the text of its log: its [shutdown] lines, its throughput every 10 s, warnings and errors
     (not the tracebacks)."""

@@ -51,6 +51,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _engine_lane import ENV, PLAYBOOK, ROOT, STATE_DIR  # noqa: E402  pylint: disable=wrong-import-position
 from _engine_lane import engine_installed as _engine_installed  # noqa: E402  pylint: disable=wrong-import-position
 from _engine_lane import port_free as _port_free, playbook as _playbook, shutdown_lines as _shutdown_lines  # noqa: E402  pylint: disable=wrong-import-position
+from _engine_lane import ENGINE_CORE_DRAINING  # noqa: E402  pylint: disable=wrong-import-position
 from ansible_collections.inference_cache.substrate.plugins.module_utils.service import process  # noqa: E402  pylint: disable=wrong-import-position,wrong-import-order
 
 # Ports no other run uses (make test: 8000, 5557-5558, 8100-8150, 8200, 8300-8310, 8520; bench: 8400-8401, 8500-8513).
@@ -236,7 +237,7 @@ def _stop_during_a_request(pid, shutdown_timeout):
             "answered_after_sigterm_s": round(request.done - sigterm, 2) if request.done else None,
             "stop_s": round(stopped - released, 2), "teardown_rc": teardown.returncode, "after_sigterm": after,
             "engine_alive": process.running(engine[0]), "mode": _mode(tail),
-            "drained": "[shutdown] EngineCore: draining in-flight requests count=1" in tail,
+            "drained": ENGINE_CORE_DRAINING in tail,
             "force_killed": "force killing" in tail, "engine_core_sigterms": tail.count(ENGINE_CORE_SIGTERM),
             "teardown_output": output.text()[-2000:], "log": _shutdown_lines(tail)}
 
