@@ -17,10 +17,8 @@ __metaclass__ = type  # pylint: disable=invalid-name
 
 import contextlib
 import fcntl
-import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 import time
@@ -30,11 +28,9 @@ import yaml
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _k8s_render as R  # noqa: E402  pylint: disable=wrong-import-position,import-error
+from _engine_lane import ENGINE_PYTHON, STATE_DIR, TINY_MODEL, tiny_model_copy  # noqa: E402  pylint: disable=wrong-import-position,import-error
 
 ROOT = R.ROOT
-STATE_DIR = os.path.expanduser("~/.cache/inference_cache/local_engine")
-ENGINE_PYTHON = os.path.join(STATE_DIR, "venv", "bin", "python")
-TINY_MODEL = os.path.join(STATE_DIR, "models", "tiny-llama")
 CLI = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_vllm_cli.py")
 # The folder the commands run in (the model folders) and the pods' volumes: kept between runs, so vLLM's compile cache
 # (VLLM_CACHE_ROOT under the /data volume) spares the next start its torch.compile.
@@ -240,20 +236,9 @@ def local_env(entry, home):
 
 def make_model_dirs(workdir, ids):
     """`<workdir>/<hub id>`: the tiny model, with Qwen3's max_position_embeddings (the arguments stay as rendered)."""
-    with open(os.path.join(TINY_MODEL, "config.json")) as handle:
-        config = json.load(handle)
-    config["max_position_embeddings"] = QWEN3_MAX_POSITIONS
     for model in ids:
         assert not os.path.isabs(model) and ".." not in model.split("/"), "the model %r is not a hub id" % model
-        target = os.path.join(workdir, model)
-        if os.path.isdir(target):
-            shutil.rmtree(target)
-        os.makedirs(target)
-        for item in os.listdir(TINY_MODEL):
-            if item != "config.json":
-                os.symlink(os.path.join(TINY_MODEL, item), os.path.join(target, item))
-        with open(os.path.join(target, "config.json"), "w") as handle:
-            json.dump(config, handle, indent=2)
+        tiny_model_copy(os.path.join(workdir, model), QWEN3_MAX_POSITIONS)
 
 
 def commands(tmp_path_factory):

@@ -4,15 +4,20 @@
 # SPDX-License-Identifier: GPL-3.0-or-later
 
 """What the engine-lane tests that start their own local_engine instance share: paths, skip-or-fail, the playbook run,
-and the lines of a vLLM log that show how a stop went."""
+the engine's decode rate, and the lines of a vLLM log that show how a stop went."""
 
 from __future__ import absolute_import, division, print_function
 
 __metaclass__ = type  # pylint: disable=invalid-name
 
+import json
 import os
+import shutil
 import socket
 import subprocess
+import time
+import urllib.error
+import urllib.request
 
 import pytest
 
@@ -20,6 +25,7 @@ ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 PLAYBOOK = os.path.join(ROOT, ".venv", "bin", "ansible-playbook")
 STATE_DIR = os.path.expanduser("~/.cache/inference_cache/local_engine")
 ENGINE_PYTHON = os.path.join(STATE_DIR, "venv", "bin", "python")
+TINY_MODEL = os.path.join(STATE_DIR, "models", "tiny-llama")
 ENV = dict(os.environ, ANSIBLE_FORCE_COLOR="0", ANSIBLE_NOCOLOR="1")
 
 
@@ -50,6 +56,46 @@ def port_free(port, host="127.0.0.1"):
             return True
         except OSError:
             return False
+
+
+def tiny_model_copy(target, max_positions):
+    """The role's tiny model at ``target`` (its files linked, not copied) with ``max_positions`` in its config.json: vLLM
+    refuses a --max-model-len above the config's max_position_embeddings (2048 as the role builds it)."""
+    with open(os.path.join(TINY_MODEL, "config.json")) as handle:
+        config = json.load(handle)
+    config["max_position_embeddings"] = max_positions
+    if os.path.isdir(target):
+        shutil.rmtree(target)
+    os.makedirs(target)
+    for item in os.listdir(TINY_MODEL):
+        if item != "config.json":
+            os.symlink(os.path.join(TINY_MODEL, item), os.path.join(target, item))
+    with open(os.path.join(target, "config.json"), "w") as handle:
+        json.dump(config, handle, indent=2)
+    return target
+
+
+def post_json(url, body, timeout=120):
+    """HTTP status and JSON answer of a POST (an error status: its body as text)."""
+    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            return resp.status, json.loads(resp.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode(errors="replace")
+
+
+def decode_rate(url, served):
+    """Tokens per second of the engine at ``url`` for one sequence, from two completions (64 and 576 tokens: prefill and
+    request overhead cancel out)."""
+    took = []
+    for tokens in (64, 576):
+        started = time.monotonic()
+        status, body = post_json(url + "/v1/completions", {"model": served, "prompt": "rate", "max_tokens": tokens, "temperature": 0,
+                                                           "ignore_eos": True})
+        assert status == 200, body
+        took.append(time.monotonic() - started)
+    return 512 / max(took[1] - took[0], 0.01)
 
 
 # vLLM 0.32.0's engine core, when it handles SIGTERM with a request in flight and a shutdown timeout

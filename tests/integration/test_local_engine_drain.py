@@ -11,10 +11,11 @@ default engine's installation and model, is started through ``playbooks/site.yml
 stops its EngineCore with a SIGTERM of its own), a wait, then SIGKILL to the process group. It takes
 the lock of tests/integration/test_local_engine_e2e.py, so two engine test modules never run at once.
 
-* ``test_a_request_in_flight_finishes_when_the_role_stops_the_engine``: ``local_engine_shutdown_timeout`` 300 (vLLM's
+* ``test_a_request_in_flight_finishes_when_the_role_stops_the_engine``: ``local_engine_shutdown_timeout`` 600 (vLLM's
   ``--shutdown-timeout``) and ``local_engine_stop_timeout`` 1. The teardown is held at its stop task (the test holds the
-  instance's lock, which the role's stop takes) until a completion of 1900 tokens (temperature 0, ``ignore_eos``: 4 to
-  15 s of decoding here) runs; then the role sends SIGTERM, the engine logs the drain of that request, a request sent
+  instance's lock, which the role's stop takes) until a completion of DRAIN_SECONDS of decoding at the rate measured
+  just before (temperature 0, ``ignore_eos``) runs; then the role sends SIGTERM, the engine core logs the drain of that
+  request (its own word that the request was in flight: the client's view lags on a loaded machine), a request sent
   after the signal is refused, the one in flight answers 200 with every token, more than the stop timeout after the
   signal, the engine exits by itself and the role's state is gone. The role waits at least the drain + 15 s before
   SIGKILL whatever local_engine_stop_timeout says: with its 1 s the request would be killed.
@@ -51,7 +52,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _engine_lane import ENV, PLAYBOOK, ROOT, STATE_DIR  # noqa: E402  pylint: disable=wrong-import-position
 from _engine_lane import engine_installed as _engine_installed  # noqa: E402  pylint: disable=wrong-import-position
 from _engine_lane import port_free as _port_free, playbook as _playbook, shutdown_lines as _shutdown_lines  # noqa: E402  pylint: disable=wrong-import-position
-from _engine_lane import ENGINE_CORE_DRAINING  # noqa: E402  pylint: disable=wrong-import-position
+from _engine_lane import ENGINE_CORE_DRAINING, decode_rate, post_json, tiny_model_copy  # noqa: E402  pylint: disable=wrong-import-position
 from ansible_collections.inference_cache.substrate.plugins.module_utils.service import process  # noqa: E402  pylint: disable=wrong-import-position,wrong-import-order
 
 # Ports no other run uses (make test: 8000, 5557-5558, 8100-8150, 8200, 8300-8310, 8520; bench: 8400-8401, 8500-8513).
@@ -61,15 +62,25 @@ MODEL = "tiny"
 RUN_DIR = os.path.join(STATE_DIR, "run", INSTANCE)
 # The wait of the role's stop as the role is given it (1 s): with a shutdown timeout the role must wait for the drain.
 STOP_TIMEOUT = 1
-# Of the model's 2048 positions (local_engine_max_model_len): 4 s of decoding on an idle machine here, 15 s on a loaded one.
-MAX_TOKENS = 1900
+# The request in flight lasts DRAIN_SECONDS of decoding at the rate measured just before, so the role's SIGTERM finds it
+# running: CI's engine lane had a 1900-token request (4.12 s at 461 tokens/s) over when the signal came, 3.58 s after the
+# test let the stop go ahead, and the engine core had nothing to drain. For that room the instance runs with a longer
+# model length than the role's 2048, its block count to match (one more: vLLM's null block), on the role's tiny model
+# with that many positions. 40 s, not less: while the engine generates, this machine's timers can fire tens of seconds
+# late (a `sleep 1` beside the rendered pod command's engine took 19.07 s; that test's signal, due 2 s after its request,
+# went 13.3-36.2 s after it), and the test lets the stop go ahead on a timer when vLLM's metrics lag.
+DRAIN_SECONDS = 40
+MIN_TOKENS = 4096
+MODEL_LEN = 32768
 STOP_TASK = "local_engine : Run or stop the engine]"
 
 
-def _vars(shutdown_timeout):
-    return ["-e", json.dumps({"local_engine_instance": INSTANCE, "local_engine_port": PORT, "local_engine_lmcache": False,
+def _vars(shutdown_timeout, model):
+    return ["-e", json.dumps({"local_engine_model": model, "local_engine_instance": INSTANCE, "local_engine_port": PORT, "local_engine_lmcache": False,
                               "local_engine_kv_events": False, "local_engine_kv_events_replay_endpoint": "",
-                              "local_engine_stop_timeout": STOP_TIMEOUT, "local_engine_shutdown_timeout": shutdown_timeout}),
+                              "local_engine_stop_timeout": STOP_TIMEOUT, "local_engine_shutdown_timeout": shutdown_timeout,
+                              "local_engine_max_model_len": MODEL_LEN, "local_engine_num_gpu_blocks_override": MODEL_LEN // 32 + 1,
+                              "local_engine_block_size": 32}),
             "--tags", "local_engine"]
 
 
@@ -79,15 +90,6 @@ def _read(path):
             return handle.read()
     except FileNotFoundError:
         return ""
-
-
-def _post(path, body, timeout=300):
-    req = urllib.request.Request(URL + path, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as resp:
-            return resp.status, json.loads(resp.read())
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read().decode(errors="replace")
 
 
 def _outcome(call):
@@ -106,21 +108,22 @@ def _outcome(call):
 class Completion(threading.Thread):
     """One completion (``ignore_eos``: exactly ``max_tokens`` tokens unless the engine stops it), answered as a whole."""
 
+    PROMPT = "A request in flight while the engine stops: " + " ".join("w%d" % i for i in range(30))
+
     def __init__(self, max_tokens):
         super(Completion, self).__init__(daemon=True)
-        self.body = {"model": MODEL, "prompt": "A request in flight while the engine stops: " + " ".join("w%d" % i for i in range(30)),
-                     "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True}
+        self.body = {"model": MODEL, "prompt": self.PROMPT, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True}
         self.result, self.started, self.done = None, None, None
 
     def run(self):
         self.started = time.monotonic()
-        self.result = _outcome(lambda: _post("/v1/completions", self.body, timeout=600))
+        self.result = _outcome(lambda: post_json(URL + "/v1/completions", self.body, timeout=1200))
         self.done = time.monotonic()
 
 
-def _requests_running():
+def _requests_running(timeout=5):
     try:
-        with urllib.request.urlopen(URL + "/metrics", timeout=5) as resp:
+        with urllib.request.urlopen(URL + "/metrics", timeout=timeout) as resp:
             text = resp.read().decode(errors="replace")
     except (urllib.error.URLError, OSError):
         return 0
@@ -137,9 +140,10 @@ def _wait_for(predicate, timeout, step=0.1):
 
 
 @contextlib.contextmanager
-def _engine(shutdown_timeout):
+def _engine(shutdown_timeout, tmp_path):
     """The instance started with this shutdown timeout; stopped (teardown.yml) and checked gone whatever happens."""
     _engine_installed()
+    model = tiny_model_copy(str(tmp_path / ("tiny-llama-%d" % MODEL_LEN)), MODEL_LEN)
     os.makedirs(STATE_DIR, exist_ok=True)
     with open(os.path.join(STATE_DIR, ".pytest.lock"), "w", encoding="utf-8") as lock:  # the lock of test_local_engine_e2e.py
         fcntl.flock(lock, fcntl.LOCK_EX)
@@ -147,13 +151,13 @@ def _engine(shutdown_timeout):
         try:
             assert _port_free(PORT), "port %d is taken: another run uses it" % PORT
             started = True
-            start = _playbook("playbooks/site.yml", *_vars(shutdown_timeout))
+            start = _playbook("playbooks/site.yml", *_vars(shutdown_timeout, model))
             assert start.returncode == 0, start.stdout[-3000:]
             pid = int(_read(os.path.join(RUN_DIR, "engine.pid")).strip())
-            yield pid
+            yield _vars(shutdown_timeout, model), pid
         finally:
             # Whatever happened (the test's own teardown may have failed, or not run): the role's stop once more.
-            stop = _playbook("playbooks/teardown.yml", *_vars(shutdown_timeout)) if started else None
+            stop = _playbook("playbooks/teardown.yml", *_vars(shutdown_timeout, model)) if started else None
             fcntl.flock(lock, fcntl.LOCK_UN)
         assert stop is None or stop.returncode == 0, stop.stdout[-3000:]
         # The role's state is absent: no pid file, nothing listening on the port.
@@ -184,22 +188,35 @@ def _lock_waiters(path):
     return sum(1 for fields in lines if "->" in fields and any(re.match(r"^[0-9a-f]+:[0-9a-f]+:%d$" % inode, f) for f in fields))
 
 
-def _stop_during_a_request(pid, shutdown_timeout):
+def _drain_tokens():
+    """Tokens for DRAIN_SECONDS of decoding at the instance's rate now, at least MIN_TOKENS, with room for the prompt in
+    MODEL_LEN. The floor: measured in the company of `make sanity`, the rate came out at 15 tokens/s (587 tokens), and
+    the request ran at 63."""
+    rate = decode_rate(URL, MODEL)
+    status, tokenized = post_json(URL + "/tokenize", {"model": MODEL, "prompt": Completion.PROMPT})
+    assert status == 200, tokenized
+    return min(MODEL_LEN - tokenized["count"], max(MIN_TOKENS, int(rate * DRAIN_SECONDS))), rate
+
+
+def _stop_during_a_request(engine_vars, pid, shutdown_timeout, max_tokens):
     """The teardown (the role's stop: SIGTERM, then SIGKILL after the stop timeout) while a long completion runs; a second
     request once the engine logged the signal. What became of both, and of the engine.
 
     The role's stop takes the instance's lock beside its pid file (one supervisor at a time, service/supervisor.py). The
     test holds that lock while ansible-playbook starts (seconds, more on a loaded machine) and lets go of it once the
-    teardown's stop waits for it (/proc/locks) and the request runs: the signal comes within a second of the request's
-    start, whatever the machine's load."""
+    teardown's stop waits for it (/proc/locks) and the request runs (vLLM's metrics count it running, or about 2 s have
+    passed: on a loaded machine what the engine core reports can lag its work, and under six busy loops here reading the
+    metrics, 5 s allowed per read, once held the release until 17.25 s after the request; each read now gets 0.5 s).
+    The signal then came 0.1 s after the release on a quiet machine here, 3.58 s after it in CI's engine lane: hence a
+    request of DRAIN_SECONDS."""
     log = os.path.join(RUN_DIR, "engine.log")
     launcher = _read(os.path.join(RUN_DIR, "engine.sh"))
     assert ("--shutdown-timeout %d " % shutdown_timeout in launcher) == (shutdown_timeout > 0), launcher
     engine = process.handles([pid])
     assert engine and process.running(engine[0]), "the engine's recorded pid %d does not run" % pid
     logged = len(_read(log))
-    request = Completion(MAX_TOKENS)
-    cmd = [PLAYBOOK if os.path.exists(PLAYBOOK) else "ansible-playbook", "playbooks/teardown.yml"] + _vars(shutdown_timeout)
+    request = Completion(max_tokens)
+    cmd = [PLAYBOOK if os.path.exists(PLAYBOOK) else "ansible-playbook", "playbooks/teardown.yml"] + engine_vars
     lock_path = os.path.join(RUN_DIR, "engine.pid.lock")
     with open(lock_path, "w", encoding="utf-8") as turn:
         fcntl.flock(turn, fcntl.LOCK_EX)
@@ -210,7 +227,7 @@ def _stop_during_a_request(pid, shutdown_timeout):
             at_stop = _wait_for(lambda: (STOP_TASK in output.text() and _lock_waiters(lock_path)) or teardown.poll() is not None, 300)
             assert at_stop and teardown.poll() is None, "the teardown never waited at its stop task:\n%s" % output.text()[-3000:]
             request.start()
-            assert _wait_for(lambda: _requests_running() >= 1 or request.done, 60), "the request never ran: %s" % request.result
+            _wait_for(lambda: _requests_running(timeout=0.5) >= 1 or request.done, 2)
             in_flight_at_release = request.done is None
             released = time.monotonic()
             fcntl.flock(turn, fcntl.LOCK_UN)
@@ -218,10 +235,10 @@ def _stop_during_a_request(pid, shutdown_timeout):
             sigterm = time.monotonic()
             in_flight_at_sigterm = request.done is None
             # Sent after the signal while the engine drains (or aborts): never served in full.
-            after = _outcome(lambda: _post("/v1/completions", {"model": MODEL, "prompt": "after the signal", "max_tokens": 16,
-                                                               "temperature": 0, "ignore_eos": True}, timeout=60))
-            request.join(600)
-            teardown.wait(600)
+            after = _outcome(lambda: post_json(URL + "/v1/completions", {"model": MODEL, "prompt": "after the signal", "max_tokens": 16,
+                                                                         "temperature": 0, "ignore_eos": True}, timeout=60))
+            request.join(shutdown_timeout + 60)
+            teardown.wait(shutdown_timeout + 60)
             output.join(30)
         finally:
             if teardown.poll() is None:
@@ -231,7 +248,7 @@ def _stop_during_a_request(pid, shutdown_timeout):
     tail = _read(log)[logged:]
     seconds = (request.done or stopped) - request.started
     return {"signalled": signalled, "in_flight_at_release": in_flight_at_release, "in_flight_at_sigterm": in_flight_at_sigterm, "request": request.result,
-            "max_tokens": MAX_TOKENS, "request_seconds": round(seconds, 2),
+            "max_tokens": max_tokens, "request_seconds": round(seconds, 2),
             "tokens_per_s": round(((request.result or {}).get("completion_tokens") or 0) / max(seconds, 0.01)),
             "sigterm_after_start_s": round(sigterm - request.started, 2), "sigterm_after_release_s": round(sigterm - released, 2),
             "answered_after_sigterm_s": round(request.done - sigterm, 2) if request.done else None,
@@ -256,21 +273,27 @@ def _brief(stopped):
     return dict((k, v) for k, v in stopped.items() if k not in ("teardown_output", "log"))
 
 
-def test_a_request_in_flight_finishes_when_the_role_stops_the_engine():
-    # Long enough for the 1900 tokens on a loaded machine (under a whole `make test` 60 s were not: the drain ended with
-    # the request unfinished, closed without an answer after 75.7 s); on a quiet one the request ends in seconds anyway.
-    shutdown_timeout = 300
-    with _engine(shutdown_timeout) as pid:
-        stopped = _stop_during_a_request(pid, shutdown_timeout)
-        print("local_engine_shutdown_timeout %d, stop timeout %d: %s" % (shutdown_timeout, STOP_TIMEOUT, json.dumps(_brief(stopped))))
+def test_a_request_in_flight_finishes_when_the_role_stops_the_engine(tmp_path):
+    # DRAIN_SECONDS of decoding at the rate measured before the stop, with room for the rate to fall 15-fold meanwhile.
+    # Under six busy loops here the rate of a long request fell from the 573-575 tokens/s measured (short requests, whose
+    # bursts the scheduler lets run) to 85 tokens/s in one run and under 38 in another (11492 tokens unfinished after a
+    # 300 s drain); under a whole `make test` a 60 s drain once ended with a 1900-token request unfinished.
+    shutdown_timeout = 600
+    with _engine(shutdown_timeout, tmp_path) as (engine_vars, pid):
+        max_tokens, rate = _drain_tokens()
+        stopped = _stop_during_a_request(engine_vars, pid, shutdown_timeout, max_tokens)
+        print("local_engine_shutdown_timeout %d, stop timeout %d, %d tokens at %.0f tokens/s: %s" % (
+            shutdown_timeout, STOP_TIMEOUT, max_tokens, rate, json.dumps(_brief(stopped))))
         assert stopped["signalled"] and stopped["in_flight_at_release"] and stopped["in_flight_at_sigterm"], stopped
         # The role signals vLLM's API server alone (stop_scope leader); the EngineCore gets one SIGTERM, its API server's.
         # Signalled with its group, it got two, and a second landing while it handled the first hung it for good.
         assert stopped["engine_core_sigterms"] == 1, stopped["log"]
-        assert stopped["mode"] == "drain" and stopped["drained"], stopped["log"]
+        # In flight when the engine core handled its SIGTERM, by its own word (vllm/v1/engine/core.py _handle_shutdown).
+        assert stopped["mode"] == "drain" and stopped["drained"], "the engine core drained nothing (%d tokens at %.0f tokens/s " \
+            "measured before): %s\n%s" % (max_tokens, rate, json.dumps(_brief(stopped)), stopped["log"])
         # The request in flight at SIGTERM: every token, answered after the signal (generated during the drain) and after
         # local_engine_stop_timeout: the role waited for the drain instead of killing the engine.
-        assert stopped["request"] == {"status": 200, "finish_reason": "length", "completion_tokens": MAX_TOKENS, "error": None}, stopped
+        assert stopped["request"] == {"status": 200, "finish_reason": "length", "completion_tokens": max_tokens, "error": None}, stopped
         assert stopped["answered_after_sigterm_s"] > STOP_TIMEOUT, _brief(stopped)
         # A request after the signal is refused (vLLM 0.32.0: HTTP 500 "cannot schedule new futures after shutdown"), not served.
         after = stopped["after_sigterm"]
@@ -281,10 +304,12 @@ def test_a_request_in_flight_finishes_when_the_role_stops_the_engine():
         assert stopped["stop_s"] < shutdown_timeout + 15, _brief(stopped)
 
 
-def test_without_a_shutdown_timeout_the_request_in_flight_is_aborted():
-    with _engine(0) as pid:
-        stopped = _stop_during_a_request(pid, 0)
-        print("local_engine_shutdown_timeout 0 (vLLM's default), stop timeout %d: %s" % (STOP_TIMEOUT, json.dumps(_brief(stopped))))
+def test_without_a_shutdown_timeout_the_request_in_flight_is_aborted(tmp_path):
+    with _engine(0, tmp_path) as (engine_vars, pid):
+        max_tokens, rate = _drain_tokens()
+        stopped = _stop_during_a_request(engine_vars, pid, 0, max_tokens)
+        print("local_engine_shutdown_timeout 0 (vLLM's default), stop timeout %d, %d tokens at %.0f tokens/s: %s" % (
+            STOP_TIMEOUT, max_tokens, rate, json.dumps(_brief(stopped))))
         # Running when the role's stop went ahead (the abort is over before the test reads the engine's log of the signal).
         assert stopped["signalled"] and stopped["in_flight_at_release"], stopped
         assert stopped["mode"] == "abort" and not stopped["drained"], stopped["log"]
@@ -292,6 +317,6 @@ def test_without_a_shutdown_timeout_the_request_in_flight_is_aborted():
         # Cut short: an error (vLLM 0.32.0 kills its engine core at once: HTTP 500 "EngineCore encountered an issue", or the
         # connection closes without an answer), or fewer tokens.
         result = stopped["request"]
-        assert not (result["status"] == 200 and result["completion_tokens"] == MAX_TOKENS), stopped
-        assert (result["completion_tokens"] or 0) < MAX_TOKENS, stopped
+        assert not (result["status"] == 200 and result["completion_tokens"] == max_tokens), stopped
+        assert (result["completion_tokens"] or 0) < max_tokens, stopped
         assert stopped["teardown_rc"] == 0 and not stopped["engine_alive"], stopped["teardown_output"]

@@ -92,7 +92,7 @@ import pytest
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _k8s_render as R  # noqa: E402  pylint: disable=wrong-import-position,import-error
 import _engine_commands as E  # noqa: E402  pylint: disable=wrong-import-position,import-error
-from _engine_lane import ENGINE_CORE_DRAINING, shutdown_lines  # noqa: E402  pylint: disable=wrong-import-position,import-error
+from _engine_lane import ENGINE_CORE_DRAINING, decode_rate, post_json, shutdown_lines  # noqa: E402  pylint: disable=wrong-import-position,import-error
 from _engine_commands import (  # noqa: E402  pylint: disable=wrong-import-position,import-error
     ENGINE_PYTHON, CLI, VLLM_VERSION, POD_IP, RESERVED_PORTS, START_TIMEOUT, STARTED_ENGINE_CASE, DEFAULT_CPU_CASE,
     STARTED_SIDECAR_CASE, UPSTREAM_CPU_IMAGE, LMCACHE_VERSION, SGLANG_VERSION, arg_value, is_sglang, is_vllm,
@@ -307,15 +307,6 @@ class Started:
         return session_members(self.sid)
 
 
-def post_json(url, body, timeout=120):
-    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as resp:
-            return resp.status, json.loads(resp.read())
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read().decode(errors="replace")
-
-
 def get_json(url, timeout=30):
     with urllib.request.urlopen(url, timeout=timeout) as resp:
         return resp.status, json.loads(resp.read())
@@ -381,19 +372,6 @@ class Completion(threading.Thread):
         self.answer = answer
         self.done = time.monotonic()
         self.streaming.set()
-
-
-def decode_rate(url, served):
-    """Tokens per second of this engine for one sequence, from two completions (64 and 576 tokens: prefill and request
-    overhead cancel out)."""
-    took = []
-    for tokens in (64, 576):
-        started = time.monotonic()
-        status, body = post_json(url + "/v1/completions", {"model": served, "prompt": "rate", "max_tokens": tokens, "temperature": 0,
-                                                           "ignore_eos": True})
-        assert status == 200, body
-        took.append(time.monotonic() - started)
-    return 512 / max(took[1] - took[0], 0.01)
 
 
 def stop_during_a_request(engine, url, served, max_tokens, signal_by=2.0):
