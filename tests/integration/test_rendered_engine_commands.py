@@ -325,19 +325,19 @@ def replace_value(argv, flag, value):
 
 
 class Completion(threading.Thread):
-    """One streamed completion (``ignore_eos``: exactly ``max_tokens`` tokens unless the engine stops it). ``streaming``
-    is set at its first token (in flight for sure); ``answer`` holds what the stream said: ``finish_reason``, and the
+    """One streamed completion (``ignore_eos``: exactly ``max_tokens`` tokens unless the engine stops it). At its first
+    token it writes a line to ``first_token_fd`` where one is given (in flight for sure); ``answer`` holds what the stream said: ``finish_reason``, and the
     tokens counted (its usage where the engine sent one). A stream silent for ``read_timeout`` seconds is given up (an
     error): vLLM 0.32.0 stopped with --shutdown-timeout 0 kills its engine core, sends nothing more, and its HTTP server
     waits for the open stream to close (seen here: no token and no end for 300 s, the API server alive all along)."""
 
-    def __init__(self, url, model, prompt, max_tokens, read_timeout=30):
+    def __init__(self, url, model, prompt, max_tokens, read_timeout=30, first_token_fd=None):
         super(Completion, self).__init__(daemon=True)
         self.url, self.max_tokens, self.read_timeout = url, max_tokens, read_timeout
         self.body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True,
                      "stream": True, "stream_options": {"include_usage": True}}
         self.status, self.answer, self.error, self.done, self.first_token = None, None, None, None, None
-        self.streaming = threading.Event()
+        self.first_token_fd = first_token_fd
 
     def run(self):
         answer = {"finish_reason": None, "completion_tokens": 0, "usage": None, "ended": False}
@@ -359,8 +359,9 @@ class Completion(threading.Thread):
                     for choice in chunk.get("choices") or []:
                         answer["completion_tokens"] += 1 if choice.get("text") is not None else 0
                         answer["finish_reason"] = choice.get("finish_reason") or answer["finish_reason"]
-                    self.first_token = self.first_token or time.monotonic()
-                    self.streaming.set()
+                    if self.first_token is None:
+                        self.first_token = time.monotonic()
+                        self._tell_first_token()
         except urllib.error.HTTPError as exc:
             self.status, self.error = exc.code, exc.read().decode(errors="replace")[:300]
         except (urllib.error.URLError, OSError, ValueError) as exc:  # a dropped connection
@@ -371,32 +372,58 @@ class Completion(threading.Thread):
             self.error = "the stream ended without [DONE]"
         self.answer = answer
         self.done = time.monotonic()
-        self.streaming.set()
+
+    def _tell_first_token(self):
+        if self.first_token_fd is not None:
+            try:
+                os.write(self.first_token_fd, b"first token\n")
+            except OSError:  # the reader has gone (signalled on its timer already)
+                pass
+
+
+def _uptime():
+    with open("/proc/uptime") as handle:
+        return float(handle.read().split()[0])
 
 
 def stop_during_a_request(engine, url, served, max_tokens, signal_by=2.0):
     """SIGTERM to the engine's first process (what the kubelet sends a container's PID 1, after the preStop hook) while a
     long request runs: at the stream's first token or ``signal_by`` seconds after the request was sent, whichever comes
-    first. Not at the first token alone: on a loaded machine what leaves the engine core while it generates, its output
-    to the API server and its KV events, can come only at the end of the request. Seen here, two cores under six busy
-    loops: in each of 8 requests of 3996 tokens the stream's first token and the first KV event came 7.3-7.5 s after
-    the request, 0.2-0.3 s before its end (both are sent by engine-core threads other than the generating one, which
-    fits them getting no turn until it idles; not traced); in CI a signal sent at the first token found the request
-    done (the whole answer 0.05 s later). What became of the request, and of the engine."""
+    first, sent by a process of its own (``read``, then ``kill``) that wakes on a line through a pipe, written by the
+    streaming thread at the first token or by ``sleep`` at ``signal_by``. Not at the first token alone: on a loaded
+    machine what leaves the engine core while it generates, its output to the API server and its KV events, can come
+    only at the end of the request (under six busy loops here, in 8 of 8 requests of 3996 tokens, 7.3-7.5 s after the
+    request, 0.2-0.3 s before its end; in CI a signal sent at the first token found the request done). Not from this
+    test's own thread: it woke tens of seconds after the first token while the streaming thread read (CI's cold run of
+    2026-12-06: first token 9.41 s, signal 25.02 s, the 20 s request over; here 28.7 s with the first token at 0.39 s),
+    and timers fire late on this machine while an engine generates (a `sleep 1` took 19.07 s), hence both ways at
+    once. What became of the request, and of the engine (the signal's time as /proc/uptime gives it, in the signaller)."""
     prompt = "A request in flight while the pod stops: " + " ".join("w%d" % i for i in range(40))
     status, tokenized = post_json(url + "/tokenize", {"model": served, "prompt": prompt})
     assert status == 200, tokenized
     # Room for every token asked for (vLLM ends a request at --max-model-len, finish_reason length, with fewer tokens).
     assert tokenized["count"] + max_tokens <= tokenized["max_model_len"], (tokenized["count"], max_tokens, tokenized["max_model_len"])
-    request = Completion(url, served, prompt, max_tokens)
-    sent_at = time.monotonic()
-    request.start()
-    request.streaming.wait(signal_by)
-    assert request.done is None, "the request was over before the signal (HTTP %s %s after %.1f s): make it longer\n%s" % (
-        request.status, request.error, time.monotonic() - sent_at, engine.tail())
-    sent = time.monotonic()
-    os.kill(engine.proc.pid, signal.SIGTERM)
-    request.join(180)
+    wake_read, wake_write = os.pipe()
+    timer = request = None
+    try:
+        signaller = subprocess.Popen(["sh", "-c", 'read why && kill -TERM "$1" && echo "$why" && cat /proc/uptime', "sh",  # pylint: disable=consider-using-with
+                                      str(engine.proc.pid)], stdin=wake_read, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        request = Completion(url, served, prompt, max_tokens, first_token_fd=wake_write)
+        sent_at, clock = time.monotonic(), _uptime()
+        timer = subprocess.Popen(["sh", "-c", 'sleep "$1" && echo timer', "sh", str(signal_by)], stdout=wake_write)  # pylint: disable=consider-using-with
+        request.start()
+        output = signaller.communicate(timeout=600)[0]
+        assert signaller.returncode == 0, "the signal was not sent: %s" % output
+        why, uptime = output.splitlines()[:2]
+        sent = sent_at + (float(uptime.split()[0]) - clock)
+        request.join(180)  # before the pipe closes: the streaming thread may still write to it
+    finally:
+        if timer is not None:
+            timer.kill()
+            timer.wait()
+        os.close(wake_read)
+        if request is None or not request.is_alive():  # a thread still reading may write to it yet: left open then
+            os.close(wake_write)
     try:
         engine.proc.wait(120)
     except subprocess.TimeoutExpired:
@@ -405,7 +432,7 @@ def stop_during_a_request(engine, url, served, max_tokens, signal_by=2.0):
     answer = request.answer or {}
     return {"status": request.status, "error": request.error, "finish_reason": answer.get("finish_reason"),
             "completion_tokens": answer.get("completion_tokens"), "max_tokens": max_tokens, "signal_after_s": round(sent - sent_at, 2),
-            "first_token_after_s": round(request.first_token - sent_at, 2) if request.first_token else None,
+            "signalled_at": why, "first_token_after_s": round(request.first_token - sent_at, 2) if request.first_token else None,
             "answered_after_s": round(request.done - sent, 2) if request.done else None,
             "exit_after_s": round(exited - sent, 2), "exit_code": engine.proc.poll()}
 
