@@ -72,6 +72,7 @@ STOP_TIMEOUT = 1
 DRAIN_SECONDS = 40
 MIN_TOKENS = 4096
 MODEL_LEN = 32768
+BLOCK_SIZE = 32
 STOP_TASK = "local_engine : Run or stop the engine]"
 
 
@@ -79,8 +80,8 @@ def _vars(shutdown_timeout, model):
     return ["-e", json.dumps({"local_engine_model": model, "local_engine_instance": INSTANCE, "local_engine_port": PORT, "local_engine_lmcache": False,
                               "local_engine_kv_events": False, "local_engine_kv_events_replay_endpoint": "",
                               "local_engine_stop_timeout": STOP_TIMEOUT, "local_engine_shutdown_timeout": shutdown_timeout,
-                              "local_engine_max_model_len": MODEL_LEN, "local_engine_num_gpu_blocks_override": MODEL_LEN // 32 + 1,
-                              "local_engine_block_size": 32}),
+                              "local_engine_max_model_len": MODEL_LEN, "local_engine_num_gpu_blocks_override": MODEL_LEN // BLOCK_SIZE + 1,
+                              "local_engine_block_size": BLOCK_SIZE}),
             "--tags", "local_engine"]
 
 
@@ -121,9 +122,9 @@ class Completion(threading.Thread):
         self.done = time.monotonic()
 
 
-def _requests_running(timeout=5):
+def _requests_running():
     try:
-        with urllib.request.urlopen(URL + "/metrics", timeout=timeout) as resp:
+        with urllib.request.urlopen(URL + "/metrics", timeout=0.5) as resp:
             text = resp.read().decode(errors="replace")
     except (urllib.error.URLError, OSError):
         return 0
@@ -227,7 +228,7 @@ def _stop_during_a_request(engine_vars, pid, shutdown_timeout, max_tokens):
             at_stop = _wait_for(lambda: (STOP_TASK in output.text() and _lock_waiters(lock_path)) or teardown.poll() is not None, 300)
             assert at_stop and teardown.poll() is None, "the teardown never waited at its stop task:\n%s" % output.text()[-3000:]
             request.start()
-            _wait_for(lambda: _requests_running(timeout=0.5) >= 1 or request.done, 2)
+            _wait_for(lambda: _requests_running() >= 1 or request.done, 2)
             in_flight_at_release = request.done is None
             released = time.monotonic()
             fcntl.flock(turn, fcntl.LOCK_UN)

@@ -326,10 +326,11 @@ def replace_value(argv, flag, value):
 
 class Completion(threading.Thread):
     """One streamed completion (``ignore_eos``: exactly ``max_tokens`` tokens unless the engine stops it). At its first
-    token it writes a line to ``first_token_fd`` where one is given (in flight for sure); ``answer`` holds what the stream said: ``finish_reason``, and the
-    tokens counted (its usage where the engine sent one). A stream silent for ``read_timeout`` seconds is given up (an
-    error): vLLM 0.32.0 stopped with --shutdown-timeout 0 kills its engine core, sends nothing more, and its HTTP server
-    waits for the open stream to close (seen here: no token and no end for 300 s, the API server alive all along)."""
+    token it writes a line to ``first_token_fd`` where one is given (in flight for sure); ``answer`` holds what the
+    stream said: ``finish_reason``, and the tokens counted (its usage where the engine sent one). A stream silent for
+    ``read_timeout`` seconds is given up (an error): vLLM 0.32.0 stopped with --shutdown-timeout 0 kills its engine core,
+    sends nothing more, and its HTTP server waits for the open stream to close (seen here: no token and no end for 300 s,
+    the API server alive all along)."""
 
     def __init__(self, url, model, prompt, max_tokens, read_timeout=30, first_token_fd=None):
         super(Completion, self).__init__(daemon=True)
