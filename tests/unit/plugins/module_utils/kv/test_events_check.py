@@ -531,6 +531,16 @@ def request(pub, batches, answer):
     return send
 
 
+def queued(windows, timeout=10.0):
+    """Wait until a message is queued on the windows' open subscription, unread (ZMQ carries a publish through its I/O
+    threads: without this wait a batch published just before a window may arrive after that window sent its request)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if windows.check.consumer.poll(0.1):
+            return True
+    return False
+
+
 def test_windows_hold_each_requests_events_apart(zctx, windows_publisher):
     pub = windows_publisher
     model = {}
@@ -538,6 +548,7 @@ def test_windows_hold_each_requests_events_apart(zctx, windows_publisher):
         model["name"] = "tiny"  # the other check learns its model after the windows were made
         cold = windows.around("cold", request(pub, 3, {"prompt_tokens": 40, "cached_tokens": 0, "ttft": 0.1}))
         pub.publish()  # between the two requests (another client's): counted in neither window
+        assert queued(windows), "the batch published between the windows never reached the subscription"
         warm = windows.around("warm", request(pub, 1, {"prompt_tokens": 44, "cached_tokens": 32, "ttft": 0.05}))
     assert pub.subscribed_times == 1  # one subscription served both windows
     assert cold["ttft"] == 0.1 and warm["cached_tokens"] == 32  # the other check gets its own answers back
