@@ -41,15 +41,16 @@ def _flags(args):
     return {a: b for a, b in zip(args, args[1:]) if a.startswith("--") and not b.startswith("--")}
 
 
-def _entry_point(tmp_path, pod):
-    """Run the entry point `pod` with local_engine_state=absent; (returncode, output, local_engine_info or None)."""
+def _entry_point(tmp_path, pod, **variables):
+    """Run the entry point `pod` with local_engine_state=absent (and ``variables``); (returncode, output,
+    local_engine_info or None)."""
     home = tmp_path / "home"
     home.mkdir(exist_ok=True)
     out = tmp_path / "out.json"
     play = [{"name": "The entry point pod", "hosts": "localhost", "gather_facts": False, "tasks": [
         {"name": "A real engine for the pod (stopped: nothing is installed or started)",
          "ansible.builtin.include_role": {"name": "inference_cache.substrate.local_engine", "tasks_from": "pod"},
-         "vars": {"local_engine_pod": pod, "local_engine_instance": "lmk-pod-test", "local_engine_state": "absent"}},
+         "vars": dict(variables, local_engine_pod=pod, local_engine_instance="lmk-pod-test", local_engine_state="absent")},
         {"name": "What the engine was told", "ansible.builtin.copy": {
             "content": "{{ local_engine_info | to_json }}", "dest": str(out), "mode": "0644"}}]}]
     playbook = tmp_path / "play.yml"
@@ -71,11 +72,34 @@ def test_the_engine_is_told_what_the_pod_says(tmp_path, pod):
     assert info["url"] == "http://%s:%d" % (IP, ports["http"])
     assert info["model"] == flags["--served-model-name"]
     assert int(info["block_size"]) == int(flags["--block-size"])
+    # Blocks for the pod's model length and vLLM's null block (the role's default 128 where that is enough): 4096
+    # positions of blocks of 32 need 129.
+    size, length = int(flags["--block-size"]), int(flags["--max-model-len"])
+    assert int(info["max_model_len"]) == length
+    assert int(info["num_gpu_blocks"]) == max(128, -(-length // size) + 1)
+    assert (int(info["num_gpu_blocks"]) - 1) * size >= length
     assert info["kv_events_endpoint"] == "tcp://%s:%d" % (IP, ports["kv-events"])
     # The pod's topic names its own IP through $(POD_IP); here it is the IP the API server gave the pod.
     assert info["kv_events_topic"] == json.loads(flags["--kv-events-config"])["topic"].replace("$(POD_IP)", IP)
     assert IP in info["kv_events_topic"]
     assert not (tmp_path / "home" / ".cache" / "inference_cache" / "local_engine" / "run").exists()
+
+
+def _with_blocks(pod, blocks):
+    engine = copy.deepcopy(pod)
+    next(c for c in engine["spec"]["containers"] if c["name"] == "engine")["args"] += ["--num-gpu-blocks-override", str(blocks)]
+    return engine
+
+
+@pytest.mark.parametrize("blocks, variables, expected", [
+    (300, {}, 300),                                             # the pod's own count
+    (None, {"local_engine_num_gpu_blocks_override": 0}, 0),     # vLLM sizes the cache
+    (None, {"local_engine_num_gpu_blocks_override": 400}, 400),  # more than the pod's model length needs
+])
+def test_the_block_count_follows_the_pod_then_the_setting(tmp_path, pod, blocks, variables, expected):
+    rc, output, info = _entry_point(tmp_path, pod if blocks is None else _with_blocks(pod, blocks), **variables)
+    assert rc == 0, output[-3000:]
+    assert int(info["num_gpu_blocks"]) == expected
 
 
 def _miswired_port(pod):

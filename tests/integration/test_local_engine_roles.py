@@ -558,11 +558,15 @@ STOP_CASES = [  # settings, the wait of the role's stop after SIGTERM, the flag 
     ({"local_engine_shutdown_timeout": 45}, 60, "45"),
     ({"local_engine_shutdown_timeout": 10, "local_engine_stop_timeout": 90}, 90, "10"),
     ({"local_engine_shutdown_timeout": 60, "local_engine_stop_timeout": 1}, 75, "60"),
+    ({"local_engine_max_model_len": 4096, "local_engine_num_gpu_blocks_override": 129}, 30, None),
 ]
 REFUSED = [
     ({"local_engine_extra_args": ["--shutdown-timeout", "5"]}, "local_engine_extra_args holds --shutdown-timeout"),
     ({"local_engine_extra_args": ["--shutdown-timeout=5"]}, "local_engine_extra_args holds --shutdown-timeout"),
     ({"local_engine_shutdown_timeout": -1}, "local_engine_shutdown_timeout must be a whole number of seconds, 0 or more"),
+    # 128 x 32 = 4096, but one block is vLLM's null block: vLLM 0.32.0 would refuse to start ("the estimated maximum model
+    # length is 4064").
+    ({"local_engine_max_model_len": 4096, "local_engine_num_gpu_blocks_override": 128}, "local_engine settings are invalid: "),
 ]
 
 
