@@ -91,14 +91,15 @@ def decode_rate(url, served):
     (a shorter request, never a longer one). Not the difference of the two: in a cold `.ci/run` the two took about as
     long, and 512 tokens over the 0.01 s floor gave 51200 tokens/s (a request of 32690 tokens, unfinished after a 600 s
     drain)."""
-    took = {}
-    for tokens in (64, 576):
-        started = time.monotonic()
+    def complete(tokens):
         status, body = post_json(url + "/v1/completions", {"model": served, "prompt": "rate", "max_tokens": tokens, "temperature": 0,
                                                            "ignore_eos": True})
         assert status == 200, body
-        took[tokens] = time.monotonic() - started
-    return 576 / took[576]
+
+    complete(64)
+    started = time.monotonic()
+    complete(576)
+    return 576 / (time.monotonic() - started)
 
 
 # vLLM 0.32.0's engine core, when it handles SIGTERM with a request in flight and a shutdown timeout
